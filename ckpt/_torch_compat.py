@@ -1,0 +1,380 @@
+"""The only home of private torch imports.
+
+Everything ckpt takes from ``torch._*`` goes through this module, so a torch
+upgrade touches one file.  Functions import lazily, adapt to the signatures of
+the torch versions we support (2.9 and newer), and raise
+:class:`UnsupportedTorchError` with the torch version when something is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+__all__ = ["MIN_TORCH", "UnsupportedTorchError", "check_torch_version"]
+
+log = logging.getLogger(__name__)
+
+MIN_TORCH = (2, 9)
+
+
+class UnsupportedTorchError(RuntimeError):
+    """This torch lacks an internal that ckpt relies on."""
+
+
+def torch_version() -> tuple[int, int]:
+    base = torch.__version__.split("+")[0]
+    parts = base.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def check_torch_version(version: tuple[int, int] | None = None) -> None:
+    """Raise if this torch cannot host the ckpt partitioner."""
+    version = torch_version() if version is None else version
+    if version < MIN_TORCH or not _has_custom_partitioner():
+        raise UnsupportedTorchError(
+            f"backend='ckpt' needs torch>={MIN_TORCH[0]}.{MIN_TORCH[1]} "
+            f"(for torch._inductor.config.custom_partitioner_fn); this is torch {torch.__version__}"
+        )
+
+
+def _has_custom_partitioner() -> bool:
+    try:
+        import torch._inductor.config as inductor_config
+        from torch._inductor.custom_graph_pass import CustomPartitionerFn  # noqa: F401
+    except ImportError:
+        return False
+    return hasattr(inductor_config, "custom_partitioner_fn")
+
+
+# --- Inductor -------------------------------------------------------------------------
+
+
+def custom_partitioner_base() -> type:
+    try:
+        from torch._inductor.custom_graph_pass import CustomPartitionerFn
+    except ImportError:
+        # Keep ckpt importable on old torch; check_torch_version reports the problem.
+        return object
+    return CustomPartitionerFn
+
+
+def hash_for_files(paths: Sequence[str]) -> bytes:
+    from torch._inductor.custom_graph_pass import get_hash_for_files
+
+    return get_hash_for_files(tuple(paths))
+
+
+def compile_fx(gm: fx.GraphModule, example_inputs: Sequence[Any], config_patches: dict[str, Any]) -> Any:
+    from torch._inductor.compile_fx import compile_fx as inductor_compile_fx
+
+    return inductor_compile_fx(gm, example_inputs, config_patches=config_patches)
+
+
+def inductor_fallback_random() -> bool:
+    import torch._inductor.config as inductor_config
+
+    return bool(inductor_config.fallback_random)
+
+
+def inductor_lowering_tables() -> tuple[Any, Any, Any] | None:
+    """Inductor's (lowerings, fallbacks, needs_realized_inputs), or None if unavailable."""
+    try:
+        from torch._inductor import lowering
+    except ImportError:
+        return None
+    try:
+        return lowering.lowerings, lowering.fallbacks, lowering.needs_realized_inputs
+    except AttributeError:
+        return None
+
+
+# --- FLOP formulas ----------------------------------------------------------------------
+
+# Ops with the same argument layout as one that torch.utils.flop_counter registers.
+_FLOP_ALIASES = {
+    "_scaled_dot_product_flash_attention_for_cpu": "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu_backward": "_scaled_dot_product_efficient_attention_backward",
+}
+
+
+def flop_formula(target: Any) -> Any | None:
+    """The registered ``torch.utils.flop_counter`` formula for an op, if any.
+
+    The formula takes the op's arguments with tensors replaced by shapes (or by
+    tensors) and returns the FLOP count.
+    """
+    from torch.utils.flop_counter import flop_registry
+
+    packet = getattr(target, "overloadpacket", target)
+    formula = flop_registry.get(packet)
+    if formula is None:
+        alias = _FLOP_ALIASES.get(getattr(packet, "__name__", ""))
+        if alias is not None:
+            formula = flop_registry.get(getattr(torch.ops.aten, alias))
+    return formula
+
+
+# --- symbolic sizes -------------------------------------------------------------------
+
+
+def shape_env_of(values: Iterable[Any]) -> Any | None:
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            fake_mode = getattr(value, "fake_mode", None)
+            if fake_mode is not None and fake_mode.shape_env is not None:
+                return fake_mode.shape_env
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return value.node.shape_env
+    return None
+
+
+def symbol_hints(shape_env: Any) -> dict[Any, int]:
+    """Size hints of the backed symbols, read without adding guards."""
+    if shape_env is None:
+        return {}
+    hints = getattr(shape_env, "backed_var_to_val", None)
+    if hints is None:
+        hints = getattr(shape_env, "var_to_val", {})
+    return dict(hints)
+
+
+# --- AOTAutograd partitioner internals ------------------------------------------------
+
+
+def _partitioners() -> Any:
+    import torch._functorch.partitioners as partitioners
+
+    return partitioners
+
+
+def functorch_config() -> Any:
+    import torch._functorch.config as config
+
+    return config
+
+
+def is_primal(node: fx.Node) -> bool:
+    return _partitioners()._is_primal(node)
+
+
+def is_tangent(node: fx.Node) -> bool:
+    return _partitioners()._is_tangent(node)
+
+
+def is_fwd_seed_offset(node: fx.Node) -> bool:
+    return _partitioners()._is_fwd_seed_offset(node)
+
+
+def is_bwd_seed_offset(node: fx.Node) -> bool:
+    return _partitioners()._is_bwd_seed_offset(node)
+
+
+def is_sym_node(node: fx.Node) -> bool:
+    from torch.fx.experimental.proxy_tensor import is_sym_node as _is_sym_node
+
+    return _is_sym_node(node)
+
+
+def is_backward_state(node: fx.Node) -> bool:
+    from torch.fx.experimental._backward_state import BackwardState
+
+    return isinstance(node.meta.get("val"), BackwardState)
+
+
+def is_opaque_value(value: Any) -> bool:
+    """Script objects and opaque values, which are saved by reference and cost no bytes."""
+    from torch._library.fake_class_registry import FakeScriptObject
+    from torch.fx.experimental._backward_state import BackwardState
+
+    return isinstance(value, (FakeScriptObject, BackwardState))
+
+
+def must_be_in_forward(node: fx.Node) -> bool:
+    return _partitioners()._must_be_in_forward(node)
+
+
+def must_be_in_backward(node: fx.Node) -> bool:
+    return _partitioners()._must_be_in_backward(node)
+
+
+def has_tag_is_backward(node: fx.Node) -> bool:
+    return node.meta.get("partitioner_tag", None) == "is_backward"
+
+
+def fwd_bwd_outputs(joint_module: fx.GraphModule, num_fwd_outputs: int) -> tuple[list[Any], list[Any]]:
+    outputs = _partitioners()._extract_fwd_bwd_outputs(joint_module, num_fwd_outputs=num_fwd_outputs)
+    return list(outputs[0]), list(outputs[1])
+
+
+def prepare_joint(joint_module: fx.GraphModule) -> tuple[fx.GraphModule, bool, bool]:
+    """The joint-graph preparation torch's min-cut partitioner does before deciding.
+
+    Dead-code elimination, CSE (if enabled), cleanup of user checkpoint tags,
+    and the MUST_SAVE tags on collectives, effectful ops and the sources of
+    backward mutations.  Returns the module and whether it has user-tagged
+    recompute ops and recompute random ops.
+    """
+    partitioners = _partitioners()
+    joint_module.graph.eliminate_dead_code()
+    joint_module.recompile()
+    if functorch_config().cse:
+        from torch._functorch.compile_utils import fx_graph_cse
+
+        joint_module.graph = fx_graph_cse(joint_module.graph)
+    has_recompute = partitioners.has_recomputable_ops(joint_module)
+    has_recompute_rng = partitioners.has_recomputable_rng_ops(joint_module)
+    if has_recompute:
+        joint_module = partitioners.cleanup_recompute_tags(joint_module, is_default_partition=False)
+    if not getattr(functorch_config(), "unsafe_allow_optimization_of_collectives", False):
+        partitioners.force_save_collectives(joint_module)
+    for name in ("force_save_effectful_ops", "force_save_bw_mutation_src"):
+        fn = getattr(partitioners, name, None)
+        if fn is not None:
+            fn(joint_module)
+    return joint_module, has_recompute, has_recompute_rng
+
+
+def extract_fwd_bwd_modules(
+    joint_module: fx.GraphModule,
+    saved_values: list[fx.Node],
+    saved_sym_nodes: list[fx.Node],
+    saved_opaque_nodes: list[fx.Node],
+    *,
+    num_fwd_outputs: int,
+    static_lifetime_input_nodes: Any,
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """torch's ``_extract_fwd_bwd_modules``, called with whatever arguments this version takes.
+
+    ``saved_values`` and ``saved_sym_nodes`` are updated in place to what the
+    backward actually uses, as torch does.
+    """
+    extract = _partitioners()._extract_fwd_bwd_modules
+    params = inspect.signature(extract).parameters
+    kwargs: dict[str, Any] = {"num_fwd_outputs": num_fwd_outputs}
+    if "saved_opaque_nodes" in params:
+        kwargs["saved_opaque_nodes"] = saved_opaque_nodes
+    elif saved_opaque_nodes:
+        saved_values.extend(saved_opaque_nodes)
+    if "static_lifetime_input_nodes" in params:
+        kwargs["static_lifetime_input_nodes"] = static_lifetime_input_nodes
+    return extract(joint_module, saved_values, saved_sym_nodes=saved_sym_nodes, **kwargs)
+
+
+def finish_modules(
+    joint_module: fx.GraphModule,
+    fw_module: fx.GraphModule,
+    bw_module: fx.GraphModule,
+    *,
+    num_saved_sym_nodes: int,
+    has_recompute_rng: bool,
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """The steps torch's min-cut partitioner runs after extraction."""
+    partitioners = _partitioners()
+    if has_recompute_rng:
+        fw_module, bw_module = partitioners.functionalize_rng_ops(
+            joint_module, fw_module, bw_module, num_saved_sym_nodes
+        )
+    bw_module = partitioners.reordering_to_mimic_autograd_engine(bw_module)
+    from torch._functorch import compile_utils
+
+    raise_getitems = getattr(compile_utils, "raise_getitems", None)
+    if raise_getitems is not None:
+        fw_module = raise_getitems(fw_module)
+        bw_module = raise_getitems(bw_module)
+    thread_rng = getattr(partitioners, "thread_graphsafe_rng_from_hops", None)
+    if thread_rng is not None:
+        fw_module = thread_rng(fw_module, is_backward=False)
+        bw_module = thread_rng(bw_module, is_backward=True)
+    return fw_module, bw_module
+
+
+def static_lifetime_input_nodes(joint_module: fx.GraphModule, indices: Sequence[int] | None) -> Any:
+    from torch.utils._ordered_set import OrderedSet
+
+    primals = [n for n in joint_module.graph.nodes if n.op == "placeholder" and is_primal(n)]
+    wanted = set(indices or ())
+    return OrderedSet(p for i, p in enumerate(primals) if i in wanted)
+
+
+def torch_default_partition(
+    joint_module: fx.GraphModule, joint_inputs: Any, **kwargs: Any
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """torch's own partitioner for Inductor (min-cut rematerialisation)."""
+    return _partitioners().min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def checkpoint_policy() -> Any:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy
+
+
+def recompute_tag(node: fx.Node) -> str | None:
+    """``"save"``, ``"recompute"`` or None, from a user or torch checkpoint policy tag."""
+    policy = checkpoint_policy()
+    tag = node.meta.get("recompute", None)
+    if tag in (policy.MUST_SAVE, policy.PREFER_SAVE):
+        return "save"
+    if tag in (policy.MUST_RECOMPUTE, policy.PREFER_RECOMPUTE):
+        return "recompute"
+    return None
+
+
+def reads_philox_rng(node: fx.Node) -> bool:
+    """Random ops rewritten to take an explicit seed and offset (functionalised RNG)."""
+    return getattr(node.target, "namespace", None) == "rngprims"
+
+
+def graph_name(default: str) -> str:
+    """AOTAutograd's name for the graph being compiled, or ``default``."""
+    try:
+        from torch._functorch._aot_autograd.logging_utils import get_aot_graph_name
+
+        return str(get_aot_graph_name())
+    except (ImportError, AttributeError, RuntimeError, AssertionError):
+        return default
+
+
+def inductor_mode_options(mode: str | None) -> dict[str, Any]:
+    """Inductor config patches for a ``torch.compile`` mode such as ``"max-autotune"``."""
+    if mode in (None, "default"):
+        return {}
+    from torch._inductor import list_mode_options
+
+    return dict(list_mode_options(mode))
+
+
+def has_side_effects(node: fx.Node) -> bool:
+    """FX's impurity test, not counting random draws (ckpt handles those itself)."""
+    try:
+        return bool(node.is_impure(impure_random=False))
+    except TypeError:  # older torch: no impure_random argument, random ops not impure
+        return bool(node.is_impure())
+
+
+def compile_caches_disabled() -> Any:
+    """A context manager that turns off Inductor's FX graph cache and AOTAutograd's cache.
+
+    Inside it every compile runs the partitioner, so its decisions can be recorded.
+    """
+    import contextlib
+
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(inductor_config.patch(fx_graph_cache=False))
+    if hasattr(functorch_config, "enable_autograd_cache"):
+        stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
+    return stack

@@ -1,0 +1,223 @@
+"""Configuration: environment variables and ``torch.compile`` options, parsed once.
+
+Everything the partitioner decides on is read here into a frozen
+:class:`CkptConfig`, which is passed down explicitly.  Algorithms never read
+the environment themselves.
+
+Precedence: an ``options`` key given to ``torch.compile(..., options=...)``
+overrides the matching ``CKPT_*`` environment variable, which overrides the
+default.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "Budget",
+    "CkptConfig",
+    "ENV_VARS",
+    "OPTION_KEYS",
+    "parse_budget",
+    "parse_bool",
+]
+
+# option key -> environment variable
+ENV_VARS: dict[str, str] = {
+    "memory_budget": "CKPT_MEMORY_BUDGET",
+    "device": "CKPT_DEVICE",
+    "strict": "CKPT_STRICT",
+    "explain": "CKPT_EXPLAIN",
+    "solver_time_limit": "CKPT_SOLVER_TIME_LIMIT",
+}
+OPTION_KEYS: tuple[str, ...] = tuple(ENV_VARS)
+
+_BUDGET_FORMS = (
+    "'none' (no cap), a fraction in [0, 1] such as 0.3, "
+    "or a size with a unit (B, KB, MB, GB, KiB, MiB, GiB) such as 1.5GiB or 800MB"
+)
+
+_UNITS: dict[str, int] = {
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]+)\s*$")
+_NUMBER_RE = re.compile(r"^\s*[+-]?([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*$")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A cap on saved activation bytes for one compiled graph.
+
+    Exactly one of ``fraction`` and ``max_bytes`` is set, or neither (no cap).
+    ``fraction`` is relative to the no-recompute plan of each graph, which saves
+    every forward value the backward reads.
+    """
+
+    fraction: float | None = None
+    max_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.fraction is not None and self.max_bytes is not None:
+            raise ValueError("Budget takes a fraction or max_bytes, not both")
+        if self.fraction is not None and not 0.0 <= self.fraction <= 1.0:
+            raise ValueError(f"Budget.fraction must be in [0, 1], got {self.fraction!r}")
+        if self.max_bytes is not None and self.max_bytes < 0:
+            raise ValueError(f"Budget.max_bytes must be >= 0, got {self.max_bytes!r}")
+
+    @property
+    def unlimited(self) -> bool:
+        return self.fraction is None and self.max_bytes is None
+
+    def resolve(self, no_recompute_bytes: int) -> int | None:
+        """The byte cap for a graph whose no-recompute plan saves ``no_recompute_bytes``."""
+        if self.fraction is not None:
+            return math.floor(self.fraction * no_recompute_bytes)
+        return self.max_bytes
+
+    def __str__(self) -> str:
+        if self.fraction is not None:
+            return f"{self.fraction:g}"
+        if self.max_bytes is not None:
+            return f"{self.max_bytes}B"
+        return "none"
+
+
+def parse_budget(value: Any, source: str = "CKPT_MEMORY_BUDGET") -> Budget:
+    """Parse a memory budget given as text or a number.
+
+    ``source`` names where the value came from, for the error message.
+    """
+    if value is None or isinstance(value, Budget):
+        return value if isinstance(value, Budget) else Budget()
+    if isinstance(value, bool):
+        raise ValueError(_budget_error(source, value))
+    if isinstance(value, (int, float)):
+        number = float(value)
+        if math.isfinite(number) and 0.0 <= number <= 1.0:
+            return Budget(fraction=number)
+        raise ValueError(_budget_error(source, value))
+    if not isinstance(value, str):
+        raise ValueError(_budget_error(source, value))
+    text = value.strip()
+    if text.lower() == "none":
+        return Budget()
+    if _NUMBER_RE.match(text):
+        number = float(text)
+        if math.isfinite(number) and 0.0 <= number <= 1.0:
+            return Budget(fraction=number)
+        raise ValueError(_budget_error(source, value))
+    match = _SIZE_RE.match(text)
+    if match and match.group(2).lower() in _UNITS:
+        size = float(match.group(1)) * _UNITS[match.group(2).lower()]
+        if math.isfinite(size):
+            return Budget(max_bytes=int(size))
+    raise ValueError(_budget_error(source, value))
+
+
+def _budget_error(source: str, value: Any) -> str:
+    return f"{source}={value!r} is not a valid memory budget; accepted forms are {_BUDGET_FORMS}"
+
+
+def parse_bool(value: Any, source: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{source}={value!r} is not a boolean; use 1/0, true/false, yes/no or on/off")
+
+
+def _parse_device(value: Any, source: str) -> str | None:
+    if value is None:
+        return None
+    from ckpt.cost_model.profiles import PROFILE_NAMES
+
+    text = str(value).strip().lower()
+    if text in ("", "auto"):
+        return None
+    if text not in PROFILE_NAMES:
+        raise ValueError(
+            f"{source}={value!r} is not a known device profile; accepted values are "
+            f"'auto' or one of {', '.join(PROFILE_NAMES)}"
+        )
+    return text
+
+
+def _parse_explain(value: Any, source: str) -> str | None:
+    """``None`` (off), ``"log"`` (summary at INFO) or a directory path for full reports."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return "log"
+    text = str(value).strip()
+    if text.lower() in ("", "0", "false", "no", "off"):
+        return None
+    if text.lower() in ("1", "true", "yes", "on", "log"):
+        return "log"
+    return text
+
+
+def _parse_time_limit(value: Any, source: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"{source}={value!r} is not a valid time limit; give a number of seconds >= 0")
+    return seconds
+
+
+@dataclass(frozen=True)
+class CkptConfig:
+    """Everything the ckpt backend and partitioner decide on, parsed once."""
+
+    budget: Budget = field(default_factory=Budget)
+    device: str | None = None  # device profile name; None picks it from the graph
+    strict: bool = False
+    explain: str | None = None  # None, "log", or a directory for reports
+    solver_time_limit: float = 0.5  # seconds for the repair search per graph
+
+    @classmethod
+    def from_sources(
+        cls, options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+    ) -> CkptConfig:
+        """Read ``CKPT_*`` variables from ``environ`` and override them with ``options``."""
+        environ = os.environ if environ is None else environ
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(OPTION_KEYS))
+        if unknown:
+            raise ValueError(
+                f"unknown ckpt option(s) {', '.join(map(repr, unknown))}; "
+                f"accepted keys are {', '.join(OPTION_KEYS)}"
+            )
+
+        def pick(key: str) -> tuple[Any, str]:
+            if key in options:
+                return options[key], f"options[{key!r}]"
+            env = ENV_VARS[key]
+            return environ.get(env), env
+
+        value, source = pick("memory_budget")
+        budget = parse_budget(value, source)
+        value, source = pick("device")
+        device = _parse_device(value, source)
+        value, source = pick("strict")
+        strict = parse_bool(value, source) if value is not None else False
+        value, source = pick("explain")
+        explain = _parse_explain(value, source)
+        value, source = pick("solver_time_limit")
+        limit = _parse_time_limit(value, source) if value is not None else cls.solver_time_limit
+        return cls(budget=budget, device=device, strict=strict, explain=explain, solver_time_limit=limit)

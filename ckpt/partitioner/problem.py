@@ -1,0 +1,112 @@
+"""The save-or-recompute problem as plain data.
+
+A :class:`Problem` lists the values the backward may need, in topological
+order.  For each value ``i``:
+
+* ``inputs[i]``: the values it is computed from (indices below ``i``);
+* ``needed[i]``: the backward reads it directly;
+* ``save_bytes[i]``: activation bytes kept alive if it is saved (0 for graph
+  inputs, which live anyway);
+* ``save_time[i]``: time that saving costs: a write in the forward (when the
+  value would otherwise stay inside a fused kernel) and a read in the backward;
+* ``recompute_time[i]``: extra time to compute it in the backward;
+* ``can_save[i]`` / ``can_recompute[i]``: hard constraints (random ops,
+  collectives, mutations, user policies, values that are not tensors).
+
+Times are integers in picoseconds, so solvers compare costs exactly.
+
+A plan is a set of saved values.  Everything the backward needs that is not
+saved is recomputed, and so, recursively, are the unsaved inputs of what is
+recomputed: :func:`recompute_closure`.  The plan's cost is the sum of
+``save_time`` over saved values plus ``recompute_time`` over recomputed ones,
+and its memory is the sum of ``save_bytes`` over saved values.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["Problem", "ProblemError", "evaluate", "recompute_closure"]
+
+
+class ProblemError(ValueError):
+    """The problem data is inconsistent, or a plan breaks a hard constraint."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    names: tuple[str, ...]
+    inputs: tuple[tuple[int, ...], ...]
+    needed: tuple[bool, ...]
+    save_bytes: tuple[int, ...]
+    save_time: tuple[int, ...]
+    recompute_time: tuple[int, ...]
+    can_save: tuple[bool, ...]
+    can_recompute: tuple[bool, ...]
+
+    def __post_init__(self) -> None:
+        n = len(self.names)
+        for field_name in ("inputs", "needed", "save_bytes", "save_time", "recompute_time", "can_save", "can_recompute"):
+            if len(getattr(self, field_name)) != n:
+                raise ProblemError(f"Problem.{field_name} has {len(getattr(self, field_name))} entries, expected {n}")
+        for i, preds in enumerate(self.inputs):
+            for p in preds:
+                if not 0 <= p < i:
+                    raise ProblemError(
+                        f"Problem.inputs[{i}] ({self.names[i]}) lists {p}; inputs must come earlier in topological order"
+                    )
+        for i in range(n):
+            if self.save_bytes[i] < 0 or self.save_time[i] < 0 or self.recompute_time[i] < 0:
+                raise ProblemError(f"Problem value {self.names[i]} has a negative cost")
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def total_save_bytes(self) -> int:
+        return sum(self.save_bytes)
+
+    @functools.cached_property
+    def needed_values(self) -> tuple[int, ...]:
+        return tuple(i for i in range(len(self.names)) if self.needed[i])
+
+
+def recompute_closure(problem: Problem, saved: Iterable[int]) -> frozenset[int]:
+    """The values the backward must recompute when exactly ``saved`` are saved."""
+    blocked = bytearray(len(problem))  # saved, or already recomputed
+    for i in saved:
+        blocked[i] = 1
+    inputs = problem.inputs
+    recompute: list[int] = []
+    stack = [i for i in problem.needed_values if not blocked[i]]
+    while stack:
+        i = stack.pop()
+        if blocked[i]:
+            continue
+        blocked[i] = 1
+        recompute.append(i)
+        for p in inputs[i]:
+            if not blocked[p]:
+                stack.append(p)
+    return frozenset(recompute)
+
+
+def evaluate(problem: Problem, saved: Iterable[int]) -> tuple[int, int, frozenset[int]]:
+    """(time, bytes, recomputed) of the plan that saves ``saved``.
+
+    Raises :class:`ProblemError` if the plan saves a value that cannot be saved
+    or has to recompute one that cannot be recomputed.
+    """
+    saved_set = frozenset(saved)
+    bad_saves = [problem.names[i] for i in sorted(saved_set) if not problem.can_save[i]]
+    if bad_saves:
+        raise ProblemError(f"plan saves values that cannot be saved: {', '.join(bad_saves)}")
+    recomputed = recompute_closure(problem, saved_set)
+    bad = [problem.names[i] for i in sorted(recomputed) if not problem.can_recompute[i]]
+    if bad:
+        raise ProblemError(f"plan recomputes values that cannot be recomputed: {', '.join(bad)}")
+    time = sum(problem.save_time[i] for i in saved_set) + sum(problem.recompute_time[i] for i in recomputed)
+    memory = sum(problem.save_bytes[i] for i in saved_set)
+    return time, memory, recomputed

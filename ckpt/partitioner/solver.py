@@ -1,0 +1,239 @@
+"""Exact save-or-recompute planning under a memory budget.
+
+The budgeted problem (least time with saved bytes <= budget) is solved in
+three steps, all on min cuts from :mod:`ckpt.partitioner.min_cut`:
+
+1. **Lexicographic costs.**  A plan's key is ``time * M + bytes`` with ``M``
+   larger than any plan's bytes, so equal-time plans are told apart by memory
+   and every comparison is an exact integer comparison.  This also makes the
+   answer monotone: a smaller budget never gets a plan with more bytes.
+2. **Price search.**  With a price ``beta/alpha`` per byte, one min cut gives
+   the plan minimising ``alpha * key + beta * bytes``, a point on the lower
+   convex hull of the (bytes, time) trade-off.  Starting from the fastest plan
+   and the leanest plan, the search walks the hull (Eisner-Severance) until it
+   finds the two adjacent hull points around the budget; the line between them
+   gives a Lagrangian lower bound at the budget.
+3. **Repair.**  The optimum can lie strictly above the hull (a budget
+   between "save half" and "recompute everything" on a conv net).  First the
+   two hull points are mixed part by part (:mod:`ckpt.partitioner.repair`),
+   which fills the budget on stacks of similar layers.  Then best-first branch
+   and bound closes the remaining gap: branch on a value that
+   the two hull points treat differently (force it saved / forbid saving it),
+   bound every branch with its own price search, and prune by the bound.  On
+   small graphs it finishes and proves optimality; on large ones it stops at
+   the time limit with the best plan found, which is always within budget.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import time as _time
+from dataclasses import dataclass
+
+from ckpt.partitioner.min_cut import CutNetwork
+from ckpt.partitioner.plan import Plan
+from ckpt.partitioner.problem import Problem, evaluate
+from ckpt.partitioner.repair import mix_plans
+
+__all__ = ["solve"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Point:
+    saved: frozenset[int]
+    recomputed: frozenset[int]
+    time: int
+    bytes: int
+    key: int
+
+
+@dataclass(frozen=True)
+class _Relaxation:
+    """The price search's answer for one set of constraints."""
+
+    status: str  # "optimal", "infeasible" or "gap"
+    fast: _Point | None = None  # over budget (gap) or the optimum (optimal)
+    lean: _Point | None = None  # within budget (gap), or the leanest (infeasible)
+    bound: int = 0  # lower bound on the key of any plan within budget
+
+
+class _Cutter:
+    """Runs priced min cuts on one problem and counts them."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.network = CutNetwork(problem)
+        self.scale = problem.total_save_bytes + 1
+        self.cuts = 0
+        m = self.scale
+        self._save_key = [t * m + b for t, b in zip(problem.save_time, problem.save_bytes)]
+        self._recompute_key = [t * m for t in problem.recompute_time]
+        self.big = sum(self._save_key) + sum(self._recompute_key) + 1
+
+    def point(self, saved: frozenset[int]) -> _Point:
+        time, memory, recomputed = evaluate(self.problem, saved)
+        return _Point(saved, recomputed, time, memory, time * self.scale + memory)
+
+    def cut(self, alpha: int, beta: int, force: frozenset[int], forbid: frozenset[int]) -> _Point | None:
+        self.cuts += 1
+        problem = self.problem
+        save_cost = [alpha * k + beta * b for k, b in zip(self._save_key, problem.save_bytes)]
+        recompute_cost = [alpha * k for k in self._recompute_key]
+        saved = self.network.saved_set(save_cost, recompute_cost, force_saved=force, forbid_saved=forbid)
+        return None if saved is None else self.point(saved)
+
+    def key_and_bytes(self, saved: frozenset[int]) -> tuple[int, int]:
+        point = self.point(saved)
+        return point.key, point.bytes
+
+    def mix(self, relaxation: _Relaxation, budget: int) -> _Point | None:
+        """The repair step: a mixed plan between the two hull points, if it beats ``lean``."""
+        fast, lean = relaxation.fast, relaxation.lean
+        assert fast is not None and lean is not None
+        mixed = mix_plans(
+            self.problem, (fast.saved, fast.recomputed), (lean.saved, lean.recomputed), budget, self.key_and_bytes
+        )
+        return None if mixed is None else self.point(mixed)
+
+    def relax(
+        self, budget: int | None, force: frozenset[int], forbid: frozenset[int], deadline: float = float("inf")
+    ) -> _Relaxation | None:
+        """The price search under constraints; None if ``deadline`` passed before it finished."""
+        fast = self.cut(1, 0, force, forbid)
+        if fast is None:
+            return _Relaxation("infeasible")
+        if budget is None or fast.bytes <= budget:
+            return _Relaxation("optimal", fast=fast, bound=fast.key)
+        lean = self.cut(1, self.big, force, forbid)
+        assert lean is not None  # same constraints as `fast`, which was feasible
+        if lean.bytes > budget:
+            return _Relaxation("infeasible", lean=lean)
+        while True:
+            if _time.perf_counter() > deadline:
+                return None
+            alpha = fast.bytes - lean.bytes
+            beta = lean.key - fast.key
+            candidate = self.cut(alpha, beta, force, forbid)
+            assert candidate is not None
+            if alpha * candidate.key + beta * candidate.bytes >= alpha * fast.key + beta * fast.bytes:
+                break
+            if candidate.bytes > budget:
+                fast = candidate
+            else:
+                lean = candidate
+        # Lagrangian bound: the hull line between `fast` and `lean`, read at the budget.
+        numerator = (lean.key - fast.key) * (fast.bytes - budget)
+        denominator = fast.bytes - lean.bytes
+        bound = fast.key + -(-numerator // denominator)
+        return _Relaxation("gap", fast=fast, lean=lean, bound=bound)
+
+
+def _to_plan(point: _Point, solver: str, cutter: _Cutter, **extra: object) -> Plan:
+    return Plan(
+        saved=tuple(sorted(point.saved)),
+        recomputed=tuple(sorted(point.recomputed)),
+        time=point.time,
+        bytes=point.bytes,
+        solver=solver,
+        cuts=cutter.cuts,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def _branch_value(problem: Problem, fast: _Point, lean: _Point) -> int:
+    differing = fast.saved.symmetric_difference(lean.saved)
+    return max(differing, key=lambda i: (problem.save_bytes[i], -i))
+
+
+def solve(problem: Problem, budget_bytes: int | None, *, time_limit: float = 0.5) -> Plan:
+    """The least-time plan with saved bytes <= ``budget_bytes`` (None: no cap).
+
+    If no plan fits the budget, returns the plan with the fewest bytes (and
+    the least time among those), with ``over_budget`` true and
+    ``minimum_bytes`` set.  ``time_limit`` bounds the repair search in seconds;
+    the price search itself always runs to completion.
+    """
+    started = _time.perf_counter()
+    cutter = _Cutter(problem)
+    empty: frozenset[int] = frozenset()
+    root = cutter.relax(budget_bytes, empty, empty)
+    assert root is not None  # no deadline at the root
+    if root.status == "optimal":
+        assert root.fast is not None
+        return _to_plan(root.fast, "min-cut", cutter, optimal=True, lower_bound=root.fast.time, budget_bytes=budget_bytes)
+    if root.status == "infeasible":
+        if root.lean is None:
+            raise ValueError("the problem has no feasible plan at all: some needed value can be neither saved nor recomputed")
+        return _to_plan(
+            root.lean,
+            "min-cut",
+            cutter,
+            optimal=True,
+            budget_bytes=budget_bytes,
+            minimum_bytes=root.lean.bytes,
+        )
+    assert root.fast is not None and root.lean is not None and budget_bytes is not None
+    incumbent = root.lean
+    mixed = cutter.mix(root, budget_bytes)
+    if mixed is not None and mixed.key < incumbent.key:
+        incumbent = mixed
+    counter = itertools.count()
+    heap: list[tuple[int, int, frozenset[int], frozenset[int], _Relaxation]] = [
+        (root.bound, next(counter), empty, empty, root)
+    ]
+    nodes = 0
+    timed_out = False
+    deadline = started + time_limit
+    while heap and not timed_out:
+        bound, _, force, forbid, relaxation = heapq.heappop(heap)
+        if bound >= incumbent.key:
+            continue
+        assert relaxation.fast is not None and relaxation.lean is not None
+        value = _branch_value(problem, relaxation.fast, relaxation.lean)
+        for child_force, child_forbid in ((force | {value}, forbid), (force, forbid | {value})):
+            nodes += 1
+            child = cutter.relax(budget_bytes, child_force, child_forbid, deadline)
+            if child is None:
+                # Out of time: this branch stays open with its parent's bound.
+                heapq.heappush(heap, (bound, next(counter), force, forbid, relaxation))
+                timed_out = True
+                break
+            if child.status == "infeasible":
+                continue
+            if child.status == "optimal":
+                assert child.fast is not None
+                if child.fast.key < incumbent.key:
+                    incumbent = child.fast
+                continue
+            assert child.lean is not None
+            if child.lean.key < incumbent.key:
+                incumbent = child.lean
+            mixed = cutter.mix(child, budget_bytes)
+            if mixed is not None and mixed.key < incumbent.key:
+                incumbent = mixed
+            if child.bound < incumbent.key:
+                heapq.heappush(heap, (child.bound, next(counter), child_force, child_forbid, child))
+    open_bounds = [entry[0] for entry in heap if entry[0] < incumbent.key]
+    lower_key = min(open_bounds) if open_bounds else incumbent.key
+    optimal = not open_bounds
+    if timed_out:
+        log.debug(
+            "repair search stopped after %.2fs and %d nodes; gap %.3g%%",
+            _time.perf_counter() - started,
+            nodes,
+            100.0 * (incumbent.key - lower_key) / max(incumbent.key, 1),
+        )
+    return _to_plan(
+        incumbent,
+        "min-cut+branch-and-bound",
+        cutter,
+        optimal=optimal,
+        lower_bound=lower_key // cutter.scale,
+        budget_bytes=budget_bytes,
+        price=(root.fast.bytes - root.lean.bytes, root.lean.key - root.fast.key),
+        search_nodes=nodes,
+    )

@@ -1,0 +1,1 @@
+"""FX passes on the joint graph and on the extracted forward and backward graphs."""

@@ -1,0 +1,74 @@
+"""Budget and option parsing: every accepted form, and a clear error for everything else."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckpt.config import Budget, CkptConfig, parse_budget
+
+GiB = 1024**3
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (None, Budget()),
+        ("none", Budget()),
+        ("NONE", Budget()),
+        ("0.3", Budget(fraction=0.3)),
+        ("0", Budget(fraction=0.0)),
+        ("1", Budget(fraction=1.0)),
+        ("1.0", Budget(fraction=1.0)),
+        (0.25, Budget(fraction=0.25)),
+        ("1.5GiB", Budget(max_bytes=int(1.5 * GiB))),
+        ("1.5gib", Budget(max_bytes=int(1.5 * GiB))),
+        ("800MB", Budget(max_bytes=800_000_000)),
+        ("512MiB", Budget(max_bytes=512 * 1024**2)),
+        ("12 KiB", Budget(max_bytes=12 * 1024)),
+        ("2kb", Budget(max_bytes=2000)),
+        ("100B", Budget(max_bytes=100)),
+        ("3GB", Budget(max_bytes=3_000_000_000)),
+    ],
+)
+def test_budget_accepted_forms(text, expected):
+    assert parse_budget(text) == expected
+
+
+@pytest.mark.parametrize("text", ["-1", "1.5", "abc", "12XB", "nan", "", "inf", "GiB", "-2MB", "1.5 GiB extra", True])
+def test_budget_rejects_with_a_message_naming_variable_value_and_forms(text):
+    with pytest.raises(ValueError) as info:
+        parse_budget(text, "CKPT_MEMORY_BUDGET")
+    message = str(info.value)
+    assert "CKPT_MEMORY_BUDGET" in message
+    assert repr(text) in message
+    assert "GiB" in message and "[0, 1]" in message
+
+
+def test_fraction_resolves_against_the_no_recompute_plan():
+    assert Budget(fraction=0.5).resolve(1001) == 500
+    assert Budget(max_bytes=77).resolve(1001) == 77
+    assert Budget().resolve(1001) is None
+
+
+def test_options_override_environment():
+    config = CkptConfig.from_sources({"memory_budget": "512MiB"}, {"CKPT_MEMORY_BUDGET": "0.3"})
+    assert config.budget == Budget(max_bytes=512 * 1024**2)
+    config = CkptConfig.from_sources({}, {"CKPT_MEMORY_BUDGET": "0.3", "CKPT_STRICT": "1", "CKPT_DEVICE": "h100"})
+    assert config.budget == Budget(fraction=0.3)
+    assert config.strict and config.device == "h100"
+
+
+def test_unknown_option_lists_accepted_keys():
+    with pytest.raises(ValueError) as info:
+        CkptConfig.from_sources({"memory_budjet": "0.5"}, {})
+    assert "memory_budjet" in str(info.value)
+    assert "memory_budget" in str(info.value) and "strict" in str(info.value)
+
+
+def test_bad_option_value_names_the_option():
+    with pytest.raises(ValueError, match=r"options\['memory_budget'\]"):
+        CkptConfig.from_sources({"memory_budget": "lots"}, {})
+    with pytest.raises(ValueError, match="CKPT_DEVICE"):
+        CkptConfig.from_sources({}, {"CKPT_DEVICE": "tpu"})
+    with pytest.raises(ValueError, match="CKPT_STRICT"):
+        CkptConfig.from_sources({}, {"CKPT_STRICT": "maybe"})

@@ -1,0 +1,201 @@
+"""The exact solver against brute force, on tiny named graphs and random ones."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ckpt.partitioner import Problem, ProblemError, evaluate, solve, solve_exhaustive
+from ckpt.partitioner.maxflow import INFINITE, FlowNetwork
+
+
+def problem(spec: list[tuple], needed: set[str]) -> Problem:
+    """spec rows: (name, inputs, save_bytes, save_time, recompute_time, can_save, can_recompute)."""
+    names = [row[0] for row in spec]
+    index = {name: i for i, name in enumerate(names)}
+    return Problem(
+        names=tuple(names),
+        inputs=tuple(tuple(index[p] for p in row[1]) for row in spec),
+        needed=tuple(name in needed for name in names),
+        save_bytes=tuple(row[2] for row in spec),
+        save_time=tuple(row[3] for row in spec),
+        recompute_time=tuple(row[4] for row in spec),
+        can_save=tuple(row[5] for row in spec),
+        can_recompute=tuple(row[6] for row in spec),
+    )
+
+
+# x -> a -> b -> c, backward reads a, b and c. a is a cheap pointwise op, b an expensive matmul.
+CHAIN = problem(
+    [
+        ("x", [], 0, 10, 0, True, False),
+        ("a", ["x"], 100, 20, 1, True, True),
+        ("b", ["a"], 100, 20, 500, True, True),
+        ("c", ["b"], 100, 20, 1, True, True),
+    ],
+    {"a", "b", "c"},
+)
+# x -> a; a -> b, a -> c; (b, c) -> d. The backward reads b, c and d.
+DIAMOND = problem(
+    [
+        ("x", [], 0, 10, 0, True, False),
+        ("a", ["x"], 400, 40, 300, True, True),
+        ("b", ["a"], 100, 20, 2, True, True),
+        ("c", ["a"], 100, 20, 2, True, True),
+        ("d", ["b", "c"], 100, 20, 2, True, True),
+    ],
+    {"b", "c", "d"},
+)
+# qkv projection, scores (large), softmax probabilities (large), attention output.
+ATTENTION = problem(
+    [
+        ("x", [], 0, 10, 0, True, False),
+        ("w", [], 0, 5, 0, True, False),
+        ("qkv", ["x", "w"], 300, 30, 900, True, True),
+        ("scores", ["qkv"], 1600, 160, 700, True, True),
+        ("probs", ["scores"], 1600, 160, 20, True, True),
+        ("out", ["probs", "qkv"], 100, 10, 600, True, True),
+    ],
+    {"qkv", "probs", "out"},
+)
+# A dropout mask that cannot be recomputed, and a value that cannot be saved.
+RANDOM = problem(
+    [
+        ("x", [], 0, 10, 0, True, False),
+        ("mask", ["x"], 25, 5, 0, True, False),
+        ("h", ["x"], 100, 20, 3, False, True),
+        ("y", ["h", "mask"], 100, 20, 3, True, True),
+    ],
+    {"y", "mask", "h"},
+)
+NAMED = {"chain": CHAIN, "diamond": DIAMOND, "attention": ATTENTION, "random": RANDOM}
+
+
+@pytest.mark.parametrize("name", sorted(NAMED))
+def test_named_graphs_match_brute_force_across_budgets(name):
+    p = NAMED[name]
+    for budget in [None, *range(0, p.total_save_bytes + 50, 25)]:
+        want = solve_exhaustive(p, budget)
+        got = solve(p, budget, time_limit=10.0)
+        if want is None:
+            assert got.over_budget and got.minimum_bytes == got.bytes
+            continue
+        assert (got.time, got.bytes) == (want.time, want.bytes), (name, budget)
+        assert got.optimal and got.bytes <= (budget if budget is not None else got.bytes)
+
+
+def test_chain_recomputes_the_cheap_op_and_saves_the_matmul():
+    plan = solve(CHAIN, 200, time_limit=10.0)
+    names = {CHAIN.names[i] for i in plan.saved}
+    assert "b" in names and "a" not in names
+
+
+def test_budget_below_minimum_returns_the_leanest_plan():
+    plan = solve(RANDOM, 0, time_limit=10.0)
+    assert plan.over_budget
+    assert plan.minimum_bytes == 25  # only the mask has to stay
+    assert {RANDOM.names[i] for i in plan.saved} == {"x", "mask"}
+
+
+def test_evaluate_rejects_plans_that_break_constraints():
+    with pytest.raises(ProblemError, match="cannot be saved"):
+        evaluate(RANDOM, [RANDOM.names.index("h")])
+    with pytest.raises(ProblemError, match="cannot be recomputed"):
+        evaluate(RANDOM, [0])
+
+
+def test_problem_rejects_inputs_out_of_topological_order():
+    with pytest.raises(ProblemError, match="earlier in topological order"):
+        problem([("a", ["b"], 1, 1, 1, True, True), ("b", [], 1, 1, 1, True, True)], {"a"})
+
+
+def test_max_flow_small_network():
+    network = FlowNetwork(4)
+    for tail, head in [(0, 1), (0, 2), (1, 3), (2, 3), (1, 2)]:
+        network.add_edge(tail, head)
+    # Two minimum cuts of value 5; the source side returned is the smallest one.
+    side = network.min_cut([3, 2, 2, 3, 5], 0, 3)
+    assert side == [True, False, False, False]
+    side = network.min_cut([3, INFINITE, 2, 3, 5], 0, 3)
+    assert side is not None and side[2]
+    assert network.min_cut([INFINITE, INFINITE, INFINITE, INFINITE, 0], 0, 3) is None
+
+
+@st.composite
+def problems(draw, max_values: int = 12):
+    n = draw(st.integers(2, max_values))
+    inputs, needed, sizes, saves, recomputes, can_save, can_recompute = [], [], [], [], [], [], []
+    num_inputs = draw(st.integers(1, min(3, n - 1)))
+    for i in range(n):
+        is_input = i < num_inputs
+        preds = () if is_input else tuple(sorted(draw(st.sets(st.integers(0, i - 1), min_size=1, max_size=3))))
+        inputs.append(preds)
+        needed.append(draw(st.booleans()))
+        sizes.append(0 if is_input else draw(st.sampled_from([0, 64, 128, 512, 2048, 8192])))
+        saves.append(draw(st.integers(0, 60)))
+        recomputes.append(0 if is_input else draw(st.sampled_from([0, 1, 5, 40, 300, 2000])))
+        can_save.append(True if is_input else draw(st.booleans() | st.just(True)))
+        can_recompute.append(False if is_input else draw(st.booleans() | st.just(True)))
+    return Problem(
+        names=tuple(f"v{i}" for i in range(n)),
+        inputs=tuple(inputs),
+        needed=tuple(needed),
+        save_bytes=tuple(sizes),
+        save_time=tuple(saves),
+        recompute_time=tuple(recomputes),
+        can_save=tuple(can_save),
+        can_recompute=tuple(can_recompute),
+    )
+
+
+@given(problems(), st.floats(0.0, 1.0))
+def test_random_problems_match_brute_force(p, fraction):
+    unconstrained = solve_exhaustive(p, None)
+    if unconstrained is None:
+        with pytest.raises(ValueError, match="no feasible plan"):
+            solve(p, None)
+        return
+    budget = int(fraction * p.total_save_bytes)
+    want = solve_exhaustive(p, budget)
+    got = solve(p, budget, time_limit=30.0)
+    if want is None:
+        assert got.over_budget and got.bytes == got.minimum_bytes == _minimum_bytes(p)
+        return
+    assert (got.time, got.bytes) == (want.time, want.bytes)
+    assert got.optimal
+
+
+def _minimum_bytes(p: Problem) -> int:
+    best = None
+    candidates = [i for i in range(len(p)) if p.can_save[i]]
+    for mask in range(1 << len(candidates)):
+        saved = [c for k, c in enumerate(candidates) if mask >> k & 1]
+        try:
+            _, memory, _ = evaluate(p, saved)
+        except ProblemError:
+            continue
+        best = memory if best is None else min(best, memory)
+    assert best is not None
+    return best
+
+
+@given(problems())
+def test_smaller_budget_never_saves_more(p):
+    if solve_exhaustive(p, None) is None:
+        return
+    previous = None
+    for fraction in (1.0, 0.75, 0.5, 0.25, 0.1, 0.0):
+        plan = solve(p, int(fraction * p.total_save_bytes), time_limit=30.0)
+        if previous is not None:
+            assert plan.bytes <= previous
+        previous = plan.bytes
+
+
+@given(problems())
+def test_plans_are_deterministic(p):
+    if solve_exhaustive(p, None) is None:
+        return
+    budget = p.total_save_bytes // 3
+    first, second = solve(p, budget, time_limit=30.0), solve(p, budget, time_limit=30.0)
+    assert first.saved == second.saved and first.fingerprint(p) == second.fingerprint(p)
