@@ -1,0 +1,128 @@
+"""The cost model against hand-computed FLOPs, bytes and roofline times."""
+
+from __future__ import annotations
+
+import pytest
+import sympy
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ckpt.cost_model import DeviceProfile, OpKind, SizeEvaluator, estimate_node, kernel_seconds
+from ckpt.cost_model.profiles import GPU_PROFILES, gpu_profile_for_name
+
+F32 = 4
+
+
+def _estimates(fn, *args, mode: str = "fake"):
+    graph = make_fx(fn, tracing_mode=mode)(*args).graph
+    sizes = SizeEvaluator.for_graph(graph)
+    return [
+        (node, estimate_node(node, sizes))
+        for node in graph.nodes
+        if node.op == "call_function" and node.target is not __import__("operator").getitem
+    ]
+
+
+def _only(fn, *args, mode: str = "fake"):
+    (pair,) = _estimates(fn, *args, mode=mode)
+    return pair[1]
+
+
+def test_mm():
+    est = _only(torch.mm, torch.randn(8, 16), torch.randn(16, 32))
+    assert est.kind is OpKind.EXTERN
+    assert est.flops == 2 * 8 * 16 * 32
+    assert est.bytes_read == (8 * 16 + 16 * 32) * F32
+    assert est.bytes_written == 8 * 32 * F32
+
+
+def test_bmm():
+    est = _only(torch.bmm, torch.randn(3, 8, 16), torch.randn(3, 16, 4))
+    assert est.flops == 2 * 3 * 8 * 16 * 4
+    assert est.bytes_written == 3 * 8 * 4 * F32
+
+
+def test_conv2d():
+    x, w = torch.randn(2, 3, 8, 8), torch.randn(5, 3, 3, 3)
+    est = _only(lambda a, b: torch.conv2d(a, b), x, w)
+    out_pixels = 6 * 6
+    assert est.flops == 2 * 2 * 5 * out_pixels * 3 * 3 * 3
+    assert est.bytes_read == (x.numel() + w.numel()) * F32
+    assert est.bytes_written == 2 * 5 * out_pixels * F32
+
+
+def test_scaled_dot_product_attention():
+    q, k, v = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8)
+    ests = _estimates(F.scaled_dot_product_attention, q, k, v)
+    attention = [e for n, e in ests if e.kind is OpKind.EXTERN]
+    (est,) = attention
+    # Two batched matmuls of [B*H, S, D] x [B*H, D, S] and [B*H, S, S] x [B*H, S, D].
+    assert est.flops == 2 * (2 * 2 * 4 * 16 * 16 * 8)
+    assert est.bytes_read == 3 * q.numel() * F32
+
+
+def test_pointwise_and_reduction():
+    x = torch.randn(6, 10)
+    est = _only(lambda a: a * 2.0, x)
+    assert est.kind is OpKind.FUSIBLE
+    assert (est.flops, est.bytes_read, est.bytes_written) == (60, 60 * F32, 60 * F32)
+    est = _only(lambda a: a.sum(1), x)
+    assert est.kind is OpKind.FUSIBLE
+    assert (est.flops, est.bytes_read, est.bytes_written) == (60, 60 * F32, 6 * F32)
+
+
+def test_views_are_free():
+    est = _only(lambda a: a.t(), torch.randn(4, 5))
+    assert est.kind is OpKind.VIEW
+    assert (est.flops, est.bytes_read, est.bytes_written) == (0, 0, 0)
+
+
+def test_symbolic_sizes_stay_symbolic_and_evaluate_with_hints():
+    est = _only(torch.mm, torch.randn(8, 16), torch.randn(16, 32), mode="symbolic")
+    assert isinstance(est.flops_expr, sympy.Expr) and est.flops_expr.free_symbols
+    assert est.flops == 2 * 8 * 16 * 32
+
+
+def test_bf16_matmul_uses_the_bf16_rate():
+    est = _only(torch.mm, torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.bfloat16))
+    assert est.dtype_class == "bf16"
+    assert est.bytes_written == 8 * 32 * 2
+
+
+def test_roofline():
+    profile = DeviceProfile("test", (("fp32", 1e12),), bandwidth=1e11, kernel_overhead=2e-6, source="test")
+    # Compute-bound: 1e9 flops at 1e12 = 1 ms; 1e6 bytes at 1e11 = 10 us.
+    assert kernel_seconds(profile, 10**9, 10**6) == pytest.approx(1e-3 + 2e-6)
+    # Memory-bound: 1e3 flops, 1e9 bytes = 10 ms.
+    assert kernel_seconds(profile, 10**3, 10**9) == pytest.approx(1e-2 + 2e-6)
+    # An unknown dtype class falls back to fp32.
+    assert profile.flops_per_second("fp8") == 1e12
+
+
+def test_gpu_profiles():
+    assert gpu_profile_for_name("NVIDIA H200").flops_per_second("bf16") == pytest.approx(790e12)
+    assert gpu_profile_for_name("NVIDIA H200").bandwidth == pytest.approx(4.3e12)
+    assert gpu_profile_for_name("NVIDIA A100-SXM4-80GB") is GPU_PROFILES["a100"]
+    assert gpu_profile_for_name("NVIDIA H100 80GB HBM3") is GPU_PROFILES["h100"]
+    for profile in GPU_PROFILES.values():
+        assert profile.source
+
+
+def test_cpu_calibration_is_cached(tmp_path, monkeypatch):
+    from ckpt.cost_model import calibrate
+
+    monkeypatch.setenv("CKPT_CACHE_DIR", str(tmp_path))
+    calls = []
+    real = calibrate.calibrate_cpu
+
+    def counting():
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(calibrate, "calibrate_cpu", counting)
+    first = calibrate.cpu_profile()
+    second = calibrate.cpu_profile()
+    assert first == second and len(calls) == 1
+    assert first.peak_flops[0][1] > 1e8 and first.bandwidth > 1e8
+    assert "measured on this machine" in first.source
