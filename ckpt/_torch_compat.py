@@ -378,3 +378,18 @@ def compile_caches_disabled() -> Any:
     if hasattr(functorch_config, "enable_autograd_cache"):
         stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
     return stack
+
+
+def inductor_layout_optimization(gm: fx.GraphModule) -> bool:
+    """Whether Inductor will switch this graph's convolutions to channels-last.
+
+    When it does, a graph input that feeds a convolution is converted to a
+    channels-last copy, and saving that input for the backward keeps the copy.
+    """
+    try:
+        from torch._inductor.graph import GraphLowering
+
+        return bool(GraphLowering.decide_layout_opt(gm, is_inference=False))
+    except (ImportError, AttributeError, TypeError, KeyError) as error:
+        log.debug("cannot ask Inductor about layout optimisation (%s); assuming none", error)
+        return False

@@ -43,7 +43,9 @@ from ckpt.cost_model.profiles import GPU_PROFILES, DeviceProfile, gpu_profile_fo
 from ckpt.partitioner.analysis import JointAnalysis, analyze_joint
 from ckpt.partitioner.extract import extract_modules, verify_backward
 from ckpt.partitioner.plan import Plan
+from ckpt.partitioner.problem import ProblemError
 from ckpt.partitioner.solver import solve
+from ckpt.partitioner.torch_plan import plan_from_saved_names, torch_default_saved_names
 from ckpt.passes.backward import drop_dead_random_ops
 
 __all__ = [
@@ -79,6 +81,7 @@ class PartitionRecord:
     profile: DeviceProfile
     solve_seconds: float
     fallback_reason: str | None = None
+    torch_plan: Plan | None = None  # torch's default partition in our terms (only when explaining)
 
     @property
     def fingerprint(self) -> str | None:
@@ -176,6 +179,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
                 BudgetWarning,
                 stacklevel=2,
             )
+        torch_plan = self._torch_plan(gm, analysis, num_fwd_outputs, static_indices) if self.config.explain else None
         fw_module, bw_module, num_sym = extract_modules(
             gm,
             analysis,
@@ -188,7 +192,9 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         fw_module, bw_module = compat.finish_modules(
             gm, fw_module, bw_module, num_saved_sym_nodes=num_sym, has_recompute_rng=has_recompute_rng
         )
-        record = PartitionRecord(name, analysis, plan, self.config.budget, budget_bytes, self.profile, solve_seconds)
+        record = PartitionRecord(
+            name, analysis, plan, self.config.budget, budget_bytes, self.profile, solve_seconds, torch_plan=torch_plan
+        )
         log.debug("ckpt graph %r plan fingerprint %s", name, record.fingerprint)
         if self.config.explain is not None:
             from ckpt.explain import emit_explain
@@ -196,6 +202,19 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             emit_explain(record, self.config.explain)
         _publish(record)
         return fw_module, bw_module
+
+
+    @staticmethod
+    def _torch_plan(
+        gm: fx.GraphModule, analysis: JointAnalysis, num_fwd_outputs: int, static_indices: Sequence[int] | None
+    ) -> Plan | None:
+        """torch's default partition of ``gm``, evaluated by our cost model, for reports."""
+        try:
+            names = torch_default_saved_names(gm, num_fwd_outputs, static_indices)
+            return plan_from_saved_names(analysis, names)
+        except (ProblemError, RuntimeError, ValueError) as error:
+            log.info("ckpt: cannot evaluate torch's default partition for comparison (%s)", error)
+            return None
 
 
 def resolve_profile(config: CkptConfig, example_inputs: Sequence[object]) -> DeviceProfile:

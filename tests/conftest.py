@@ -37,11 +37,15 @@ class StepResult:
 
 
 def run_step(model: torch.nn.Module, fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor]) -> StepResult:
-    """One forward and backward; returns the loss, gradients of params and inputs, and saved bytes."""
+    """One forward and backward; returns the loss, gradients of params and inputs, and saved bytes.
+
+    Compile caches are off inside, so the partitioner runs and its records are complete.
+    """
+    from ckpt._torch_compat import compile_caches_disabled
     from ckpt.backend import record_partitions
     from ckpt.measure import saved_activations
 
-    with record_partitions() as records, saved_activations(model, *inputs) as saved:
+    with compile_caches_disabled(), record_partitions() as records, saved_activations(model, *inputs) as saved:
         loss = fn(*inputs)
     loss.backward()
     grads = [p.grad for p in model.parameters()] + [x.grad for x in inputs if x.requires_grad]
@@ -51,6 +55,7 @@ def run_step(model: torch.nn.Module, fn: Callable[..., torch.Tensor], inputs: Se
 def compiled_step(
     model: torch.nn.Module, inputs: Sequence[torch.Tensor], budget: str | None, **compile_kwargs
 ) -> StepResult:
+    torch.compiler.reset()  # Dynamo would reuse an earlier compile of the same forward code
     model = copy.deepcopy(model)
     inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
     options = {} if budget is None else {"memory_budget": budget}

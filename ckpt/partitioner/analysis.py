@@ -71,7 +71,7 @@ class JointAnalysis:
     fixed_seconds: float  # estimated forward + backward time without saving or recomputing
     reasons: dict[str, str]  # why a value cannot be saved or recomputed, by node name
     forward_names: frozenset[str]  # call_function nodes of the forward side
-    view_names: frozenset[str]  # views (and items of views), free to recompute
+    root_names: dict[str, str]  # view name -> name of the value whose storage it aliases
 
 
 @dataclass
@@ -231,6 +231,7 @@ def analyze_joint(joint: fx.GraphModule, num_fwd_outputs: int, profile: DevicePr
         for arg in node.all_input_nodes:
             users.setdefault(root(arg), []).append(node)
     fwd_output_roots = {root(n) for n in graph.fwd_outputs}
+    copied_inputs = _inputs_copied_for_convolution(joint, root)
 
     inputs: list[tuple[int, ...]] = []
     save_bytes: list[int] = []
@@ -271,8 +272,9 @@ def analyze_joint(joint: fx.GraphModule, num_fwd_outputs: int, profile: DevicePr
             seconds_recompute = kernel_seconds(
                 profile, estimate.flops, estimate.bytes_read + estimate.bytes_written, estimate.dtype_class
             )
-        # A graph input is available to the backward for free; only its read costs time.
-        is_input = node.op == "placeholder"
+        # A graph input is available to the backward for free (only its read costs time),
+        # unless Inductor hands the backward a converted copy of it.
+        is_input = node.op == "placeholder" and node not in copied_inputs
         save_bytes.append(0 if is_input else nbytes)
         save_time.append(to_picoseconds(seconds_save))
         recompute_time.append(to_picoseconds(seconds_recompute))
@@ -305,8 +307,31 @@ def analyze_joint(joint: fx.GraphModule, num_fwd_outputs: int, profile: DevicePr
         forward_names=frozenset(
             n.name for n in joint.graph.nodes if n.op == "call_function" and n not in graph.backward
         ),
-        view_names=frozenset(n.name for n in estimates if root(n) is not n),
+        root_names={n.name: root(n).name for n in estimates if root(n) is not n},
     )
+
+
+def _inputs_copied_for_convolution(joint: fx.GraphModule, root: Any) -> set[fx.Node]:
+    """Graph inputs Inductor converts to channels-last copies for its convolutions."""
+    if not compat.inductor_layout_optimization(joint):
+        return set()
+    copied: set[fx.Node] = set()
+    for node in joint.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten.convolution.default:
+            continue
+        for arg in node.args[:2]:
+            if not isinstance(arg, fx.Node):
+                continue
+            base = root(arg)
+            value = base.meta.get("val")
+            if (
+                base.op == "placeholder"
+                and isinstance(value, torch.Tensor)
+                and value.dim() == 4
+                and not value.is_contiguous(memory_format=torch.channels_last)
+            ):
+                copied.add(base)
+    return copied
 
 
 def _no_recompute_plan(problem: Problem) -> frozenset[int]:

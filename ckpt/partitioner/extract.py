@@ -63,6 +63,6 @@ def recomputed_in_backward(bw_module: fx.GraphModule, analysis: JointAnalysis) -
         for node in bw_module.graph.nodes
         if node.op == "call_function"
         and node.name in analysis.forward_names
-        and node.name not in analysis.view_names
+        and node.name not in analysis.root_names
         and len(node.users) > 0
     }

@@ -1,0 +1,114 @@
+"""The partitioner on traced joint graphs: constraints, baselines and extraction, no C++ compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ckpt.partitioner import evaluate, solve
+from ckpt.partitioner.torch_plan import plan_from_saved_names, torch_default_saved_names
+from tests.joint import trace_joint
+from tests.test_end_to_end import TinyModel
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        )
+
+    def forward(self, x):
+        return self.layers(x).mean()
+
+
+class DropoutMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 64), nn.Linear(64, 16)
+
+    def forward(self, x):
+        return self.fc2(F.dropout(F.silu(self.fc1(x)), 0.2)).square().mean()
+
+
+class MutatesBuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8))
+        self.register_buffer("buf", torch.randn(8))
+
+    def forward(self, x):
+        y = (self.w * (self.buf + 1)).sin() * x
+        self.buf.mul_(2)
+        return y.sum()
+
+
+MODELS = {
+    "transformer": lambda: (TinyModel(), torch.randn(2, 16, 32, requires_grad=True)),
+    "convnet": lambda: (ConvNet(), torch.randn(2, 3, 8, 8, requires_grad=True)),
+    "dropout_mlp": lambda: (DropoutMLP(), torch.randn(4, 16, requires_grad=True)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_no_cap_plan_is_never_slower_than_torch_default(name):
+    torch.manual_seed(0)
+    model, x = MODELS[name]()
+    joint = trace_joint(model, x)
+    ours = solve(joint.analysis.problem, None)
+    theirs = plan_from_saved_names(
+        joint.analysis, torch_default_saved_names(joint.graph, joint.num_fwd_outputs)
+    )
+    assert ours.time <= theirs.time
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_budgets_walk_down_monotonically_to_the_minimum(name):
+    torch.manual_seed(0)
+    joint = trace_joint(*MODELS[name]())
+    problem, full = joint.analysis.problem, joint.analysis.no_recompute_bytes
+    assert full > 0
+    previous_bytes, previous_time = None, None
+    for fraction in (1.0, 0.75, 0.5, 0.25, 0.1, 0.0):
+        plan = solve(problem, int(fraction * full), time_limit=5.0)
+        assert plan.bytes <= int(fraction * full) or plan.over_budget
+        if previous_bytes is not None:
+            assert plan.bytes <= previous_bytes
+            assert plan.time >= previous_time
+        previous_bytes, previous_time = plan.bytes, plan.time
+
+
+def test_random_masks_are_never_recomputed():
+    with torch._inductor.config.patch(fallback_random=True):
+        joint = trace_joint(*MODELS["dropout_mlp"]())
+    analysis = joint.analysis
+    random_values = [n for n in analysis.problem.names if "dropout" in n or "rand" in n]
+    assert random_values, analysis.problem.names
+    for name in random_values:
+        assert not analysis.problem.can_recompute[analysis.problem.names.index(name)]
+    plan = solve(analysis.problem, 0)
+    assert not set(plan.recomputed) & {analysis.problem.names.index(n) for n in random_values}
+
+
+def test_reads_of_a_buffer_the_forward_mutates_are_never_recomputed():
+    torch.manual_seed(0)
+    joint = trace_joint(MutatesBuffer(), torch.randn(8, requires_grad=True))
+    analysis = joint.analysis
+    reasons = analysis.reasons
+    assert any(reason == "reads a graph input that the forward mutates" for reason in reasons.values()), reasons
+    plan = solve(analysis.problem, 0)
+    for i in plan.recomputed:
+        assert f"{analysis.problem.names[i]}:recompute" not in reasons
+
+
+def test_no_recompute_plan_saves_everything_the_backward_reads():
+    torch.manual_seed(0)
+    joint = trace_joint(*MODELS["transformer"]())
+    analysis = joint.analysis
+    time, memory, recomputed = evaluate(analysis.problem, analysis.no_recompute_saved)
+    assert memory == analysis.no_recompute_bytes
+    # Only values that cannot be saved (multi-output ops) are recomputed.
+    assert all(not analysis.problem.can_save[i] for i in recomputed)
