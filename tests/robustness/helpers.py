@@ -1,0 +1,162 @@
+"""Helpers for the robustness suite: multi-step runs, budget checks, error chains.
+
+``tests.conftest`` runs one step on a deep copy of a model.  Robustness cases
+also need several steps on one model (buffers, the RNG stream, training),
+losses computed outside the compiled region (tuple and dict outputs), a seed,
+and the partition records every time, so :func:`run_steps` generalises it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from ckpt import _torch_compat as compat
+from ckpt.backend import PartitionRecord, record_partitions
+from ckpt.measure import saved_activations
+from tests.conftest import StepResult, assert_close_grads
+
+__all__ = [
+    "BUDGETS",
+    "assert_runs_close",
+    "assert_within_budget",
+    "ckpt_compile",
+    "error_chain",
+    "run_steps",
+]
+
+# The budgets every robustness case is checked at: no cap, half, and everything recomputable recomputed.
+BUDGETS: tuple[str, ...] = ("none", "0.5", "0.0")
+
+Loss = Callable[[Any], torch.Tensor]
+
+
+def ckpt_compile(fn: Callable[..., Any], budget: str | None, **compile_kwargs: Any) -> Callable[..., Any]:
+    """``torch.compile(fn, backend="ckpt")`` at ``budget`` (None: the environment's)."""
+    options = dict(compile_kwargs.pop("options", {}))
+    if budget is not None:
+        options["memory_budget"] = budget
+    return torch.compile(fn, backend="ckpt", options=options, **compile_kwargs)
+
+
+def _fresh_inputs(inputs: Sequence[Any]) -> list[Any]:
+    return [
+        x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x for x in inputs
+    ]
+
+
+def run_steps(
+    model: torch.nn.Module,
+    batches: Sequence[Sequence[Any]],
+    *,
+    compile_fn: Callable[[torch.nn.Module], Callable[..., Any]] | None = None,
+    loss_fn: Loss | None = None,
+    seed: int | None = None,
+    lr: float = 0.0,
+    copy_model: bool = True,
+    used_inputs: list[list[Any]] | None = None,
+) -> tuple[list[StepResult], torch.nn.Module]:
+    """One forward and backward per batch on one copy of ``model``; returns the steps and the model.
+
+    ``compile_fn`` turns the model into the callable to run (None: eager).
+    ``loss_fn`` reduces the callable's outputs to the loss outside the compiled
+    region and outside the byte measurement (None: the callable returns the
+    loss).  ``seed`` seeds the global RNG once, before the first step, so later
+    steps see whatever state the earlier ones left.  With ``lr > 0`` each step
+    ends with plain SGD on the parameters.  Gradients are reset before each
+    step; inputs are fresh clones, so an input the model mutates starts equal
+    for every run; ``used_inputs``, if given, receives them, so a test can
+    read what the model wrote into them.  The compile caches are off, so each
+    compile runs the partitioner and leaves a record.
+    """
+    torch.compiler.reset()
+    if copy_model:
+        model = copy.deepcopy(model)
+    fn = model if compile_fn is None else compile_fn(model)
+    if seed is not None:
+        torch.manual_seed(seed)
+    steps: list[StepResult] = []
+    with compat.compile_caches_disabled():
+        for batch in batches:
+            inputs = _fresh_inputs(batch)
+            if used_inputs is not None:
+                used_inputs.append(inputs)
+            for parameter in model.parameters():
+                parameter.grad = None
+            tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+            with record_partitions() as records:
+                with saved_activations(model, *tensors) as saved:
+                    outputs = fn(*inputs)
+                loss = outputs if loss_fn is None else loss_fn(outputs)
+            loss.backward()
+            grads = [p.grad for p in model.parameters()] + [x.grad for x in tensors if x.requires_grad]
+            steps.append(StepResult(loss.detach(), [g.clone() if g is not None else None for g in grads], saved.bytes, records))
+            if lr > 0:
+                with torch.no_grad():
+                    for parameter in model.parameters():
+                        if parameter.grad is not None:
+                            parameter.sub_(lr * parameter.grad)
+    return steps, model
+
+
+def assert_runs_close(got: Sequence[StepResult], want: Sequence[StepResult], **tolerances: float) -> None:
+    """Every step's loss and gradients agree (``assert_close_grads`` tolerances)."""
+    assert len(got) == len(want)
+    for index, (a, b) in enumerate(zip(got, want)):
+        try:
+            assert_close_grads(a, b, **tolerances)
+        except AssertionError as error:
+            raise AssertionError(f"step {index}: {error}") from error
+
+
+def byte_cap(record: PartitionRecord) -> int | None:
+    """The most bytes the record's graph may save: its budget, or the minimum when that is unreachable."""
+    assert record.fallback_reason is None, f"graph {record.graph} fell back: {record.fallback_reason}"
+    assert record.plan is not None
+    if record.budget_bytes is None:
+        return None
+    if record.plan.over_budget:
+        assert record.plan.minimum_bytes is not None
+        assert record.plan.bytes <= record.plan.minimum_bytes, (
+            f"graph {record.graph}: over budget, but the plan ({record.plan.bytes} B) is not the minimum "
+            f"({record.plan.minimum_bytes} B)"
+        )
+        return record.plan.bytes
+    assert record.plan.bytes <= record.budget_bytes
+    return record.budget_bytes
+
+
+def assert_within_budget(step: StepResult, graphs: int | None = None) -> list[PartitionRecord]:
+    """The step's graphs were all planned by ckpt, and the measured bytes keep the sum of their caps.
+
+    ``graphs``: how many joint graphs the step must have partitioned (None: at least one).
+    """
+    records = list(step.records)
+    if graphs is None:
+        assert records, "the ckpt partitioner did not run"
+    else:
+        assert len(records) == graphs, f"expected {graphs} partitioned graphs, got {[r.graph for r in records]}"
+    caps = [byte_cap(record) for record in records]
+    if all(cap is not None for cap in caps):
+        total = sum(cap for cap in caps if cap is not None)
+        assert step.saved_bytes <= total, f"measured {step.saved_bytes} B saved, budget {total} B"
+    return records
+
+
+def error_chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and the errors it was raised from, outermost first."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def floor_fraction(fraction: float, total: int) -> int:
+    """The byte cap of a fractional budget, as ``ckpt.config.Budget.resolve`` computes it."""
+    return math.floor(fraction * total)

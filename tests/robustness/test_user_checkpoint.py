@@ -1,0 +1,126 @@
+"""User checkpointing inside the model: ``checkpoint`` blocks, selective-checkpoint policies, autograd.Function.
+
+ckpt plans around what the user asked for: a value tagged ``MUST_SAVE`` is
+never recomputed and one tagged ``MUST_RECOMPUTE`` is never saved, at every
+budget; a custom ``backward`` is used as written.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from ckpt import _torch_compat as compat
+from tests.robustness.helpers import BUDGETS, assert_runs_close, assert_within_budget, ckpt_compile, run_steps
+
+pytestmark = pytest.mark.compile
+
+DIM = 16
+aten = torch.ops.aten
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(DIM, DIM)
+        self.fc2 = nn.Linear(DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.sigmoid(self.fc1(x)).sin())
+
+
+def save_matmuls_recompute_sigmoid(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    if op in (aten.mm.default, aten.addmm.default):
+        return CheckpointPolicy.MUST_SAVE
+    if op is aten.sigmoid.default:
+        return CheckpointPolicy.MUST_RECOMPUTE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class CheckpointedNet(nn.Module):
+    """Two blocks under ``checkpoint``; with ``selective``, under a save-matmuls policy."""
+
+    def __init__(self, selective: bool) -> None:
+        super().__init__()
+        self.selective = selective
+        self.blocks = nn.ModuleList([Block(), Block()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            if self.selective:
+                context_fn = functools.partial(create_selective_checkpoint_contexts, save_matmuls_recompute_sigmoid)
+                x = checkpoint(block, x, use_reentrant=False, context_fn=context_fn)
+            else:
+                x = checkpoint(block, x, use_reentrant=False)
+        return x.tanh().square().sum()
+
+
+class ClippedStraightThrough(torch.autograd.Function):
+    """sign(x) forward; the gradient passes through where |x| <= 1 (autograd alone would give zero)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return torch.sign(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * (x.abs() <= 1).to(grad.dtype)
+
+
+class CustomFunctionNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(DIM, DIM)
+        self.fc2 = nn.Linear(DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc1(x)) * 1.5
+        return self.fc2(ClippedStraightThrough.apply(h) * h).sin().sum()
+
+
+def _input() -> torch.Tensor:
+    return torch.randn(8, DIM, generator=torch.Generator().manual_seed(2), requires_grad=True)
+
+
+def _assert_policy_kept(record) -> int:
+    """No value tagged to be saved is recomputed, none tagged to be recomputed is saved; returns the MUST_SAVE count saved."""
+    nodes = record.analysis.nodes
+    saved_must_save = 0
+    for index in record.plan.saved:
+        assert compat.recompute_tag(nodes[index]) != "recompute", f"{nodes[index].name} is tagged to be recomputed"
+        saved_must_save += nodes[index].meta.get("recompute") is CheckpointPolicy.MUST_SAVE
+    for index in record.plan.recomputed:
+        assert compat.recompute_tag(nodes[index]) != "save", f"{nodes[index].name} is tagged to be saved"
+    return saved_must_save
+
+
+@pytest.mark.parametrize("selective", [False, True], ids=["checkpoint", "selective_policy"])
+def test_checkpoint_regions(selective):
+    torch.manual_seed(0)
+    model = CheckpointedNet(selective)
+    batches = [[_input()]]
+    want, _ = run_steps(model, batches)
+    for budget in BUDGETS:
+        got, _ = run_steps(model, batches, compile_fn=lambda m: ckpt_compile(m, budget))
+        assert_runs_close(got, want)
+        (record,) = assert_within_budget(got[0], graphs=1)
+        saved_must_save = _assert_policy_kept(record)
+        if selective:
+            assert saved_must_save > 0, f"budget {budget}: no MUST_SAVE matmul was saved"
+
+
+def test_custom_autograd_function():
+    torch.manual_seed(0)
+    model = CustomFunctionNet()
+    batches = [[_input()]]
+    want, _ = run_steps(model, batches)
+    for budget in BUDGETS:
+        got, _ = run_steps(model, batches, compile_fn=lambda m: ckpt_compile(m, budget))
+        assert_runs_close(got, want)
+        assert_within_budget(got[0], graphs=1)
