@@ -1,0 +1,195 @@
+"""From measurements to verdicts: noise, time at matched memory, dominance, targets.
+
+Definitions, which every results file repeats:
+
+* **noise** of a model: ``|t(compile) / t(compile (repeat)) - 1|``, two
+  independently compiled copies of the same setting timed in the same rounds.
+* **time at matched memory** of a ckpt point: its step time divided by the
+  step time of the fastest non-ckpt setting (eager, eager checkpoint, default
+  compile or torch's budget) whose activation bytes are at most its own.
+  This is a superset of "torch's knob or eager checkpoint", so it can only
+  be stricter.  Undefined when no alternative is that lean.
+* a ckpt point is **dominated** when another setting has no more bytes and no
+  more time, and is better in one; **beyond noise** when that setting's time
+  is below ``t * (1 - noise)``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks.harness import ModelResult, SettingResult
+from benchmarks.settings import CKPT
+
+__all__ = ["ModelVerdict", "Target", "analyze_model", "evaluate_targets"]
+
+MATCHED_GOAL = 0.95
+COMPILE_GOAL = 1.05
+
+
+@dataclass
+class ModelVerdict:
+    name: str
+    noise: float | None
+    compile_s: float | None  # reference step time: mean of compile and compile (repeat)
+    matched: list[dict[str, Any]] = field(default_factory=list)
+    dominated: list[dict[str, Any]] = field(default_factory=list)
+    budgets: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Target:
+    name: str
+    goal: str
+    value: str
+    met: bool | None  # None: not measured in this run
+    misses: list[str] = field(default_factory=list)
+
+
+def _measured(model: ModelResult) -> list[SettingResult]:
+    return [r for r in model.settings if r.error is None and r.step_s is not None and r.activation_bytes is not None]
+
+
+def _noise(model: ModelResult) -> tuple[float | None, float | None]:
+    by_key = {r.setting.key: r.step_s for r in _measured(model)}
+    first, repeat = by_key.get("compile"), by_key.get("compile-repeat")
+    if first is None:
+        return None, None
+    if repeat is None:
+        return None, first
+    return abs(first / repeat - 1.0), (first + repeat) / 2
+
+
+def _budget_check(point: SettingResult) -> dict[str, Any]:
+    graphs = point.graphs
+    check: dict[str, Any] = {"setting": point.setting.label, "measured_bytes": point.activation_bytes, "graphs": len(graphs)}
+    fallbacks = [g["fallback_reason"] for g in graphs if g.get("fallback_reason")]
+    caps = [g.get("budget_bytes") for g in graphs]
+    check["budget_bytes"] = sum(caps) if graphs and None not in caps else None
+    check["predicted_bytes"] = sum(g.get("predicted_bytes", 0) for g in graphs) if graphs else None
+    check["below_minimum"] = any(g.get("over_budget") for g in graphs)
+    if not graphs:
+        check["status"] = "no partition record"
+    elif fallbacks:
+        check["status"] = "fallback: " + "; ".join(fallbacks)
+    elif check["budget_bytes"] is None:
+        check["status"] = "no cap"
+    elif point.activation_bytes is not None and point.activation_bytes <= check["budget_bytes"]:
+        check["status"] = "within"
+    elif check["below_minimum"]:
+        check["status"] = "budget below the smallest plan"
+    else:
+        check["status"] = "over"
+    return check
+
+
+def analyze_model(model: ModelResult) -> ModelVerdict:
+    points = _measured(model)
+    noise, compile_s = _noise(model)
+    verdict = ModelVerdict(model.name, noise, compile_s)
+    tolerance = noise or 0.0
+    for point in (p for p in points if p.setting.family == CKPT):
+        assert point.step_s is not None and point.activation_bytes is not None
+        lean = [a for a in points if a.setting.family != CKPT and a.activation_bytes <= point.activation_bytes]  # type: ignore[operator]
+        entry: dict[str, Any] = {"setting": point.setting.label, "budget": point.setting.budget, "ratio": None, "reference": None}
+        if lean:
+            best = min(lean, key=lambda a: a.step_s)  # type: ignore[arg-type,return-value]
+            entry.update(ratio=point.step_s / best.step_s, reference=best.setting.label)  # type: ignore[operator]
+        verdict.matched.append(entry)
+        for other in points:
+            if other is point:
+                continue
+            assert other.step_s is not None and other.activation_bytes is not None
+            no_worse = other.activation_bytes <= point.activation_bytes and other.step_s <= point.step_s
+            better = other.activation_bytes < point.activation_bytes or other.step_s < point.step_s
+            if no_worse and better:
+                verdict.dominated.append(
+                    {
+                        "setting": point.setting.label,
+                        "by": other.setting.label,
+                        "time_ratio": other.step_s / point.step_s,
+                        "beyond_noise": other.step_s < point.step_s * (1.0 - tolerance),
+                    }
+                )
+        verdict.budgets.append(_budget_check(point))
+    return verdict
+
+
+def _diagnosis(model: ModelResult, label: str, verdict: ModelVerdict) -> str:
+    """Predicted against measured extra time of one ckpt point, and its costliest recomputed values."""
+    point = next((r for r in model.settings if r.setting.label == label), None)
+    if point is None or point.step_s is None:
+        return ""
+    predicted = sum(g.get("predicted_extra_s", 0.0) for g in point.graphs)
+    text = f"cost model: plan's extra time {predicted * 1e3:.2f} ms"
+    if verdict.compile_s is not None:
+        text += f", measured {(point.step_s - verdict.compile_s) * 1e3:+.2f} ms against compile"
+    top = sorted((item for g in point.graphs for item in g.get("top_recomputed", [])), key=lambda item: -item[1])[:5]
+    if top:
+        text += "; costliest recomputed: " + ", ".join(f"{name} ({seconds * 1e6:.0f} us)" for name, seconds in top)
+    return text
+
+
+def _within_budget(models: list[ModelResult], verdicts: list[ModelVerdict]) -> Target:
+    checks = [(m.name, b) for m, v in zip(models, verdicts) for b in v.budgets]
+    fine = ("within", "no cap", "budget below the smallest plan")
+    misses = [
+        f"{name} {b['setting']}: {b['status']} (measured {b['measured_bytes']} B, budget {b['budget_bytes']} B)"
+        for name, b in checks
+        if b["status"] not in fine
+    ]
+    at_minimum = sum(b["status"] == "budget below the smallest plan" for _, b in checks)
+    value = f"{len(checks) - len(misses)}/{len(checks)} points"
+    if at_minimum:
+        value += f" ({at_minimum} with the budget below the smallest plan, which they keep)"
+    goal = "every ckpt point's measured bytes <= its budget"
+    return Target("within budget", goal, value, not misses if checks else None, misses)
+
+
+def _not_dominated(models: list[ModelResult], verdicts: list[ModelVerdict]) -> Target:
+    misses = [
+        f"{m.name} {d['setting']} by {d['by']} (time x{d['time_ratio']:.3f}, noise {v.noise or 0:.1%})"
+        for m, v in zip(models, verdicts)
+        for d in v.dominated
+        if d["beyond_noise"]
+    ]
+    points = sum(len(v.matched) for v in verdicts)
+    value = f"{len(misses)} of {points} points"
+    return Target("not dominated", "no ckpt point dominated beyond noise", value, not misses if points else None, misses)
+
+
+def _matched_memory(models: list[ModelResult], verdicts: list[ModelVerdict]) -> Target:
+    ratios, misses = [], []
+    for model, verdict in zip(models, verdicts):
+        for entry in verdict.matched:
+            if entry["ratio"] is None:
+                continue
+            ratios.append(entry["ratio"])
+            if entry["ratio"] > MATCHED_GOAL:
+                why = _diagnosis(model, entry["setting"], verdict)
+                misses.append(f"{model.name} {entry['setting']}: {entry['ratio']:.3f} vs {entry['reference']}; {why}")
+    median = statistics.median(ratios) if ratios else None
+    value = "n/a" if median is None else f"median {median:.3f} over {len(ratios)} points"
+    met = None if median is None else median <= MATCHED_GOAL
+    return Target("time at matched memory", f"median <= {MATCHED_GOAL}", value, met, misses)
+
+
+def _half_budget(models: list[ModelResult], verdicts: list[ModelVerdict]) -> Target:
+    rows, misses = [], []
+    for model, verdict in zip(models, verdicts):
+        point = next((r for r in _measured(model) if r.setting.key == "ckpt-0.5"), None)
+        if not model.transformer or point is None or verdict.compile_s is None:
+            continue
+        ratio = point.step_s / verdict.compile_s  # type: ignore[operator]
+        rows.append(f"{model.name} x{ratio:.3f}")
+        if ratio > COMPILE_GOAL:
+            misses.append(f"{model.name}: x{ratio:.3f}; {_diagnosis(model, point.setting.label, verdict)}")
+    goal = f"transformers: t(ckpt 0.5) <= {COMPILE_GOAL} x t(compile)"
+    return Target("budget 0.5 vs compile", goal, ", ".join(rows) or "n/a", not misses if rows else None, misses)
+
+
+def evaluate_targets(models: list[ModelResult], verdicts: list[ModelVerdict]) -> list[Target]:
+    """The issue's four targets, met or missed, with the points that miss them."""
+    return [check(models, verdicts) for check in (_within_budget, _not_dominated, _matched_memory, _half_budget)]

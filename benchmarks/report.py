@@ -1,0 +1,158 @@
+"""Write the results: a Markdown table per model, the targets, and JSON with every number."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from benchmarks.analysis import ModelVerdict, Target, analyze_model, evaluate_targets
+from benchmarks.analysis import __doc__ as _definitions
+from benchmarks.harness import ModelResult, SettingResult
+from benchmarks.settings import CKPT, display_order
+
+__all__ = ["write_results"]
+
+MIB = 2**20
+
+
+def _fmt(value: float | None, pattern: str = "{:.2f}", missing: str = "-") -> str:
+    return missing if value is None else pattern.format(value)
+
+
+def _mib(value: int | None) -> str:
+    return _fmt(None if value is None else value / MIB)
+
+
+def _setting_row(result: SettingResult, compile_s: float | None, gpu: bool) -> str:
+    columns = 10 if gpu else 9
+    if result.error is not None:
+        cells = [result.setting.label, "failed: " + result.error[:120].replace("|", "/")] + [""] * (columns - 2)
+        return "| " + " | ".join(cells) + " |"
+    step = result.step_s
+    ratio = None if step is None or compile_s is None else step / compile_s
+    caps = [g.get("budget_bytes") for g in result.graphs]
+    budget = sum(caps) if caps and None not in caps else None  # type: ignore[arg-type]
+    predicted = sum(g.get("predicted_bytes", 0) for g in result.graphs) if result.graphs else None
+    solve = sum(g["solve_s"] for g in result.graphs) if result.graphs else None
+    cells = [
+        result.setting.label,
+        _mib(result.activation_bytes),
+        _fmt(None if step is None else step * 1e3, "{:.1f}"),
+        _fmt(ratio, "{:.3f}"),
+        _fmt(result.compile_s, "{:.1f}"),
+        _fmt(result.partition_s, "{:.3f}"),
+        _fmt(solve, "{:.3f}"),
+        _mib(budget),
+        _mib(predicted),
+    ]
+    if gpu:
+        cells.append(_mib(max(result.peak_bytes)) if result.peak_bytes else "-")
+    return "| " + " | ".join(cells) + " |"
+
+
+def _model_section(model: ModelResult, verdict: ModelVerdict, gpu: bool) -> list[str]:
+    config = ", ".join(f"{k}={v}" for k, v in model.config.items())
+    lines = [f"## {model.title} (`{model.name}`)", "", f"Size `{model.size}`: {config}; {model.params / 1e6:.2f}M parameters.", ""]
+    header = "| setting | activation MiB | step ms | vs compile | compile s | partition s | ckpt solve s | budget MiB | predicted MiB |"
+    lines += [header + (" peak MiB |" if gpu else ""), "|---|" + "---:|" * (9 if gpu else 8)]
+    lines += [_setting_row(r, verdict.compile_s, gpu) for r in sorted(model.settings, key=lambda r: display_order(r.setting))]
+    lines.append("")
+    noise = "not measured (needs compile and compile-repeat)" if verdict.noise is None else f"{verdict.noise:.1%}"
+    lines.append(f"Noise (compile against compile (repeat)): {noise}.")
+    if verdict.matched:
+        parts = [f"{e['setting']} **{e['ratio']:.3f}** (vs {e['reference']})" if e["ratio"] is not None
+                 else f"{e['setting']} - (no alternative this lean)" for e in verdict.matched]  # fmt: skip
+        lines.append("Time at matched memory: " + "; ".join(parts) + ".")
+    dominated = [f"{d['setting']} by {d['by']} (x{d['time_ratio']:.3f}{', beyond noise' if d['beyond_noise'] else ''})"
+                 for d in verdict.dominated]  # fmt: skip
+    if any(r.setting.family == CKPT for r in model.settings):
+        lines.append("Dominated ckpt points: " + ("; ".join(dominated) if dominated else "none") + ".")
+    if model.skipped:
+        lines.append(f"Skipped for the time limit: {', '.join(model.skipped)}.")
+    return lines + [""]
+
+
+def _targets_section(targets: list[Target]) -> list[str]:
+    lines = ["## Targets", "", "| target | goal | measured | met |", "|---|---|---|---|"]
+    for t in targets:
+        met = "n/a" if t.met is None else ("yes" if t.met else "**no**")
+        lines.append(f"| {t.name} | {t.goal} | {t.value} | {met} |")
+    lines.append("")
+    for t in targets:
+        if t.misses:
+            lines += [f"Missed, {t.name}:", ""] + [f"- {miss}" for miss in t.misses] + [""]
+    if any(t.met is False for t in targets):
+        lines += ["Analysis of the misses: _to be written (graph nodes or cost-model terms responsible, and the fix)._", ""]
+    return lines
+
+
+def _summary(models: list[ModelResult], verdicts: list[ModelVerdict]) -> list[str]:
+    lines = ["| model | noise | time at matched memory (median) | ckpt 0.5 vs compile | ckpt points dominated beyond noise |",
+             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for model, v in zip(models, verdicts):
+        ratios = [e["ratio"] for e in v.matched if e["ratio"] is not None]
+        median = statistics.median(ratios) if ratios else None
+        half = next((r.step_s for r in model.settings if r.setting.key == "ckpt-0.5" and r.step_s), None)
+        vs_compile = None if half is None or v.compile_s is None else half / v.compile_s
+        beyond = sum(d["beyond_noise"] for d in v.dominated)
+        lines.append(f"| {model.title} | {_fmt(v.noise, '{:.1%}')} | {_fmt(median, '{:.3f}')} | {_fmt(vs_compile, '{:.3f}')} | {beyond} |")
+    return lines + [""]
+
+
+def _markdown(meta: dict[str, Any], models: list[ModelResult], verdicts: list[ModelVerdict], targets: list[Target]) -> str:
+    gpu = meta["device"] == "cuda"
+    lines = [f"# ckpt benchmarks: {meta['device_name']}", ""]
+    lines.append(f"Generated by `{meta['command']}` on {meta['date']}.")
+    lines.append(
+        f"torch {meta['torch']}, {meta['dtype']}, model size `{meta['size']}`, median of {meta['rounds']} "
+        f"round-robin steps per setting{', CUDA-event timings' if gpu else ''}."
+    )
+    lines += ["", "A step is forward plus backward. Activation MiB: unique storages saved for the backward "
+              "(parameters and inputs left out). *vs compile*: step time over default torch.compile's "
+              "(mean of compile and its repeat). *compile s*: first step minus a timed step. *partition s*: "
+              "time in the partitioner (ckpt's or torch's min cut). *budget MiB*, *predicted MiB*: ckpt's cap "
+              "and its plan's bytes, summed over graphs."
+              + (" *peak MiB*: peak allocated during a step above what was allocated before it." if gpu else ""), ""]  # fmt: skip
+    lines += ["## Summary", ""] + _summary(models, verdicts) + _targets_section(targets)
+    for model, verdict in zip(models, verdicts):
+        lines += _model_section(model, verdict, gpu)
+    if meta.get("interrupted"):
+        lines += ["**The run was interrupted; the models above are the ones that finished.**", ""]
+    if meta.get("skipped_models"):
+        lines += [f"Models skipped for the time limit: {', '.join(meta['skipped_models'])}.", ""]
+    definitions = (_definitions or "").split("Definitions, which every results file repeats:", 1)[-1]
+    lines += ["## Definitions", "", definitions.strip(), ""]
+    return "\n".join(lines)
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: _jsonable(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _model_json(model: ModelResult, verdict: ModelVerdict) -> dict[str, Any]:
+    data = _jsonable(model)
+    for result, entry in zip(model.settings, data["settings"]):
+        entry.update(step_s=result.step_s, compile_s=result.compile_s)
+    data["verdict"] = _jsonable(verdict)
+    return data
+
+
+def write_results(out_dir: Path, stem: str, meta: dict[str, Any], models: list[ModelResult]) -> list[Path]:
+    """Write ``<stem>.md`` and ``<stem>.json`` under ``out_dir``; return their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    verdicts = [analyze_model(m) for m in models]
+    targets = evaluate_targets(models, verdicts)
+    md_path, json_path = out_dir / f"{stem}.md", out_dir / f"{stem}.json"
+    md_path.write_text(_markdown(meta, models, verdicts, targets), encoding="utf-8")
+    payload = {"meta": meta, "models": [_model_json(m, v) for m, v in zip(models, verdicts)], "targets": _jsonable(targets)}
+    json_path.write_text(json.dumps(payload, indent=1, default=str) + "\n", encoding="utf-8")
+    return [md_path, json_path]
