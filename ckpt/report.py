@@ -1,0 +1,385 @@
+"""The explain report: what a plan saves and recomputes, its predicted costs, as data and as tables.
+
+:func:`graph_report` turns one :class:`~ckpt.backend.PartitionRecord` into a
+:class:`GraphReport` of plain values.  Predictions come from the record's
+plain-data problem (:func:`ckpt.partitioner.problem.evaluate`), so the
+no-recompute plan and torch's default partition are priced by the same cost
+model as ckpt's plan.  Torch's saved set is the record's ``torch_plan``,
+which the backend computes when explaining (torch's partitioner on a copy of
+the joint graph, saved views counted as the tensors they alias).
+
+Predicted step time is the analysis's fixed forward-and-backward estimate
+plus the plan's save and recompute time: a rough absolute figure, but the
+difference between two plans is exactly the difference the solver optimises.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch.fx as fx
+
+from ckpt.cost_model.ops import OpKind
+from ckpt.partitioner.analysis import JointAnalysis, describe_value
+from ckpt.partitioner.problem import evaluate
+
+if TYPE_CHECKING:
+    from ckpt.backend import PartitionRecord
+
+__all__ = ["ExplainReport", "GraphReport", "PlanTotals", "graph_report", "plan_totals"]
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 40
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    name: str
+    op: str
+    shape: list[str]
+    dtype: str
+    bytes: int
+    source: str
+    is_input: bool  # a graph input (parameter or user input): lives anyway, costs no bytes
+
+
+@dataclass(frozen=True)
+class RecomputedValue:
+    name: str
+    op: str
+    shape: list[str]
+    dtype: str
+    cost_ps: int
+    flops: int
+    library_call: bool  # a matmul, convolution or attention kernel, not a fused pointwise op
+    source: str
+
+
+@dataclass(frozen=True)
+class PlanTotals:
+    """Predicted costs of one plan for one graph (times in picoseconds)."""
+
+    bytes: int
+    save_ps: int
+    recompute_ps: int
+    recompute_library_ps: int  # the part of recompute_ps spent in library calls
+    step_seconds: float  # fixed forward + backward estimate plus save and recompute time
+
+    @property
+    def extra_ps(self) -> int:
+        return self.save_ps + self.recompute_ps
+
+
+@dataclass(frozen=True)
+class SolverFacts:
+    solver: str
+    optimal: bool
+    solve_seconds: float
+    lambda_ps_per_byte: float | None  # the hull's time per byte at the budget; 0 when the budget does not bind
+    lambda_note: str
+    cuts: int
+    search_nodes: int
+    over_budget: bool
+    minimum_bytes: int | None
+
+
+@dataclass(frozen=True)
+class GraphReport:
+    graph: str
+    budget: str
+    budget_bytes: int | None
+    fallback_reason: str | None = None
+    solver: SolverFacts | None = None
+    plans: dict[str, PlanTotals | None] = field(default_factory=dict)  # "ckpt", "no_recompute", "torch_default"
+    torch_default_note: str | None = None
+    saved: tuple[SavedTensor, ...] = ()
+    recomputed: tuple[RecomputedValue, ...] = ()
+    backward_only: int = 0  # values the backward computes anyway, at no extra cost
+
+
+def plan_totals(analysis: JointAnalysis, saved: frozenset[int] | tuple[int, ...]) -> PlanTotals:
+    """Predicted bytes and time of the plan that saves ``saved``; raises ProblemError if it is not valid."""
+    problem = analysis.problem
+    time_ps, nbytes, recomputed = evaluate(problem, saved)
+    save_ps = sum(problem.save_time[i] for i in saved)
+    library_ps = sum(
+        problem.recompute_time[i]
+        for i in recomputed
+        if (est := analysis.estimates.get(problem.names[i])) is not None and est.kind is OpKind.EXTERN
+    )
+    return PlanTotals(nbytes, save_ps, time_ps - save_ps, library_ps, analysis.fixed_seconds + time_ps * 1e-12)
+
+
+def _op_name(node: fx.Node) -> str:
+    if node.op == "placeholder":
+        return "input"
+    target = node.target
+    if callable(target) and not hasattr(target, "_schema"):  # a Python function such as operator.getitem
+        return getattr(target, "__name__", str(target))
+    return str(target)
+
+
+def _solver_facts(record: PartitionRecord) -> SolverFacts:
+    plan, problem = record.plan, record.analysis.problem  # type: ignore[union-attr]
+    assert plan is not None
+    if plan.price is not None and plan.price[0] > 0:
+        alpha, beta = plan.price
+        lam: float | None = beta / alpha / (problem.total_save_bytes + 1)
+        note = "time per byte saved at the budget (slope of the trade-off curve)"
+    elif plan.over_budget:
+        lam, note = None, "the budget is below the smallest plan; the leanest plan is used"
+    else:
+        lam, note = 0.0, "the budget does not bind: this is the fastest plan"
+    return SolverFacts(
+        solver=plan.solver,
+        optimal=plan.optimal,
+        solve_seconds=record.solve_seconds,
+        lambda_ps_per_byte=lam,
+        lambda_note=note,
+        cuts=plan.cuts,
+        search_nodes=plan.search_nodes,
+        over_budget=plan.over_budget,
+        minimum_bytes=plan.minimum_bytes,
+    )
+
+
+def _saved_rows(analysis: JointAnalysis, saved: tuple[int, ...]) -> tuple[SavedTensor, ...]:
+    rows = []
+    for i in saved:
+        node = analysis.nodes[i]
+        info = describe_value(node)
+        nbytes = analysis.problem.save_bytes[i]
+        is_input = node.op == "placeholder"
+        row = SavedTensor(node.name, _op_name(node), info["shape"], info["dtype"], nbytes, info["source"], is_input)
+        rows.append(row)
+    return tuple(rows)
+
+
+def _recomputed_rows(analysis: JointAnalysis, recomputed: tuple[int, ...]) -> tuple[tuple[RecomputedValue, ...], int]:
+    rows, free = [], 0
+    for i in recomputed:
+        node, cost = analysis.nodes[i], analysis.problem.recompute_time[i]
+        estimate = analysis.estimates.get(node.name)
+        if cost == 0:
+            free += 1
+            continue
+        info = describe_value(node)
+        rows.append(
+            RecomputedValue(
+                node.name,
+                _op_name(node),
+                info["shape"],
+                info["dtype"],
+                cost,
+                int(estimate.flops) if estimate is not None else 0,
+                estimate is not None and estimate.kind is OpKind.EXTERN,
+                info["source"],
+            )
+        )
+    return tuple(rows), free
+
+
+def graph_report(record: PartitionRecord) -> GraphReport:
+    """The report for one partitioned graph: predictions only."""
+    base = {"graph": record.graph, "budget": str(record.budget), "budget_bytes": record.budget_bytes}
+    if record.plan is None or record.analysis is None:
+        return GraphReport(**base, fallback_reason=record.fallback_reason or "no plan")
+    analysis, plan = record.analysis, record.plan
+    plans: dict[str, PlanTotals | None] = {
+        "ckpt": plan_totals(analysis, plan.saved),
+        "no_recompute": plan_totals(analysis, analysis.no_recompute_saved),
+    }
+    torch_plan = getattr(record, "torch_plan", None)
+    plans["torch_default"] = None if torch_plan is None else plan_totals(analysis, torch_plan.saved)
+    note = None if torch_plan is not None else "not evaluated (the backend does so only when explaining; see the log)"
+    recomputed, free = _recomputed_rows(analysis, plan.recomputed)
+    return GraphReport(
+        **base,
+        solver=_solver_facts(record),
+        plans=plans,
+        torch_default_note=note,
+        saved=_saved_rows(analysis, plan.saved),
+        recomputed=recomputed,
+        backward_only=free,
+    )
+
+
+# --- formatting -----------------------------------------------------------------------
+
+
+def format_bytes(nbytes: float) -> str:
+    if abs(nbytes) < 1024:
+        return f"{nbytes:.0f} B"
+    if abs(nbytes) < 1024**2:
+        return f"{nbytes / 1024:.2f} KiB"
+    return f"{nbytes / 1024**2:.2f} MiB"
+
+
+def format_ps(ps: float) -> str:
+    if abs(ps) < 1e6:
+        return f"{ps / 1e3:.1f} ns"
+    if abs(ps) < 1e9:
+        return f"{ps / 1e6:.2f} us"
+    return f"{ps / 1e9:.3f} ms"
+
+
+_SOURCE_RE = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in \S+\s*(?P<code>.*)')
+
+
+def short_source(source: str, width: int = 60) -> str:
+    """``file.py:12 code`` from ``describe_value``'s source."""
+    match = _SOURCE_RE.match(source)
+    if not match:
+        return source
+    text = f"{match['path'].rsplit('/', 1)[-1]}:{match['line']} {match['code'].strip()}"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> str:  # type: ignore[assignment]
+    """An aligned Markdown table: readable as plain text and as Markdown."""
+    cells = [[c.replace("|", "\\|") for c in row] for row in [headers, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+
+    def line(row: list[str]) -> str:
+        padded = (c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        return "| " + " | ".join(padded) + " |"
+
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if i in right else "-" * (w + 2) for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(cells[0]), rule, *(line(r) for r in cells[1:])])
+
+
+def _clip(rows: list[list[str]], max_rows: int | None, ncols: int) -> list[list[str]]:
+    if max_rows is None or len(rows) <= max_rows:
+        return rows
+    return rows[:max_rows] + [[f"... {len(rows) - max_rows} more"] + [""] * (ncols - 1)]
+
+
+_PLAN_LABELS = {"ckpt": "ckpt plan", "no_recompute": "no-recompute plan", "torch_default": "torch default partition"}
+
+
+def _graph_markdown(g: GraphReport, max_rows: int | None) -> list[str]:
+    out = [f"## graph {g.graph}", ""]
+    if g.fallback_reason is not None:
+        return out + [f"ckpt fell back to torch's partition: {g.fallback_reason}", ""]
+    assert g.solver is not None
+    s = g.solver
+    cap = "no cap" if g.budget_bytes is None else f"cap {format_bytes(g.budget_bytes)}"
+    lam = "n/a"
+    if s.lambda_ps_per_byte is not None:
+        lam = f"{s.lambda_ps_per_byte:.4g} ps/byte ({s.lambda_ps_per_byte * 2**20 / 1e6:.4g} us per MiB)"
+    out += [
+        f"Budget {g.budget} ({cap}). Solver {s.solver}, {'optimal' if s.optimal else 'best found'}, "
+        f"{s.solve_seconds * 1e3:.1f} ms, {s.cuts} cuts, {s.search_nodes} search nodes.",
+        f"lambda = {lam}: {s.lambda_note}.",
+        "",
+        "Predicted totals:",
+        "",
+    ]
+    rows = []
+    for key, label in _PLAN_LABELS.items():
+        p = g.plans.get(key)
+        if p is None:
+            rows.append([label, "-", "-", "-", "-"])
+        else:
+            step = f"{p.step_seconds * 1e3:.3f} ms"
+            rows.append([label, format_bytes(p.bytes), format_ps(p.save_ps), format_ps(p.recompute_ps), step])
+    out += [table(["plan", "saved bytes", "save time", "recompute time", "step time"], rows, {1, 2, 3, 4}), ""]
+    if g.torch_default_note:
+        out += [f"torch default partition: {g.torch_default_note}.", ""]
+    activations = [t for t in g.saved if not t.is_input]
+    inputs = len(g.saved) - len(activations)
+    out += [f"Saved tensors: {len(activations)}, {format_bytes(sum(t.bytes for t in activations))} "
+            f"(and {inputs} graph inputs, which live anyway).", ""]
+    rows = [
+        [t.name, t.op, "x".join(t.shape) or "-", t.dtype, format_bytes(t.bytes), short_source(t.source)]
+        for t in activations
+    ]
+    if rows:
+        out += [table(["node", "op", "shape", "dtype", "bytes", "source"], _clip(rows, max_rows, 6), {4}), ""]
+    cost = sum(r.cost_ps for r in g.recomputed)
+    out += [f"Recomputed values: {len(g.recomputed)}, {format_ps(cost)} predicted "
+            f"(and {g.backward_only} values the backward computes anyway, at no extra cost).", ""]
+    rows = [
+        [r.name, r.op, "x".join(r.shape) or "-", format_ps(r.cost_ps), short_source(r.source)] for r in g.recomputed
+    ]
+    if rows:
+        out += [table(["node", "op", "shape", "cost", "source"], _clip(rows, max_rows, 5), {3}), ""]
+    return out
+
+
+@dataclass(frozen=True)
+class ExplainReport:
+    """What ckpt decided for every graph of one compiled model, and what one step measured."""
+
+    graphs: tuple[GraphReport, ...]
+    budget: str
+    measured_bytes: int | None  # None when no step ran (reports written by the backend)
+    loss: str | None = None  # how the measured step formed its loss
+
+    @property
+    def predicted_bytes(self) -> int:
+        return sum(p.bytes for g in self.graphs if (p := g.plans.get("ckpt")) is not None)
+
+    @property
+    def bytes_error(self) -> int | None:
+        """Measured minus predicted activation bytes."""
+        return None if self.measured_bytes is None else self.measured_bytes - self.predicted_bytes
+
+    def predicted_step_seconds(self, plan: str = "ckpt") -> float | None:
+        """Summed over graphs; None if a graph has no such plan."""
+        totals = [g.plans.get(plan) for g in self.graphs]
+        return None if not totals or None in totals else sum(t.step_seconds for t in totals)  # type: ignore[union-attr]
+
+    def predicted_plan_bytes(self, plan: str) -> int | None:
+        totals = [g.plans.get(plan) for g in self.graphs]
+        return None if not totals or None in totals else sum(t.bytes for t in totals)  # type: ignore[union-attr]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: plain dicts, lists, strings and numbers."""
+        graphs = []
+        for g in self.graphs:
+            d = asdict(g)
+            for key, totals in g.plans.items():
+                if totals is not None:
+                    d["plans"][key]["extra_ps"] = totals.extra_ps
+            graphs.append(d)
+        error = self.bytes_error
+        return {
+            "budget": self.budget,
+            "loss": self.loss,
+            "predicted_bytes": self.predicted_bytes,
+            "measured_bytes": self.measured_bytes,
+            "bytes_error": error,
+            "predicted_step_seconds": {k: self.predicted_step_seconds(k) for k in _PLAN_LABELS},
+            "predicted_plan_bytes": {k: self.predicted_plan_bytes(k) for k in _PLAN_LABELS},
+            "graphs": graphs,
+        }
+
+    def to_markdown(self, max_rows: int | None = MAX_ROWS) -> str:
+        """The report as aligned Markdown tables; ``max_rows`` caps each table (None: all rows)."""
+        out = [f"# ckpt explain: budget {self.budget}, {len(self.graphs)} graph(s)", ""]
+        rows = []
+        for key, label in _PLAN_LABELS.items():
+            nbytes, seconds = self.predicted_plan_bytes(key), self.predicted_step_seconds(key)
+            rows.append([f"{label} (predicted)", "-" if nbytes is None else format_bytes(nbytes),
+                         "-" if seconds is None else f"{seconds * 1e3:.3f} ms"])
+        if self.measured_bytes is None:
+            note = "Predictions only: the backend cannot run a step. ckpt.explain(model, *inputs) adds measured bytes."
+            out += [table(["", "activation bytes", "step time"], rows, {1, 2}), "", note, ""]
+        else:
+            error = self.bytes_error or 0
+            ratio = f" ({100 * error / self.predicted_bytes:+.1f}%)" if self.predicted_bytes else ""
+            rows.insert(1, ["ckpt plan (measured, one step)", format_bytes(self.measured_bytes), "-"])
+            rows.insert(2, ["measured - predicted", f"{error} B{ratio}", ""])
+            out += [table(["", "activation bytes", "step time"], rows, {1, 2}), ""]
+            out += [f"The step's loss: {self.loss}.", ""]
+        for g in self.graphs:
+            out += _graph_markdown(g, max_rows)
+        return "\n".join(out).rstrip() + "\n"
+
+    def __str__(self) -> str:
+        return self.to_markdown()
