@@ -28,6 +28,7 @@ import gc
 import logging
 import math
 import statistics
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,11 +44,13 @@ from ckpt import _torch_compat as compat
 from ckpt.backend import PartitionRecord, record_partitions
 from ckpt.measure import saved_activations
 
-__all__ = ["Clock", "ModelResult", "SettingResult", "benchmark_model", "summarize_record"]
+__all__ = ["STOP", "Clock", "ModelResult", "SettingResult", "benchmark_model", "summarize_record"]
 
 log = logging.getLogger(__name__)
 
 _PARTITION_METRICS = ("CkptPartitioner", "min_cut_rematerialization_partition")
+
+STOP = threading.Event()  # set by the runner's SIGINT handler
 
 
 @dataclass
@@ -55,6 +58,7 @@ class SettingResult:
     setting: Setting
     activation_bytes: int | None = None
     first_call_s: float | None = None  # the compiling first step, wall clock
+    second_call_s: float | None = None  # the byte-counting second step, wall clock (a guess of the step time)
     samples_s: list[float] = field(default_factory=list)
     peak_bytes: list[int] = field(default_factory=list)  # GPU: per step, above the memory allocated before it
     partition_s: float | None = None  # time inside the partitioner call (ckpt's or torch's)
@@ -178,12 +182,17 @@ def _prepare(step: Step, model: BlockModel, inputs: Sequence[torch.Tensor], devi
             result.first_call_s = time.perf_counter() - started
         result.partition_s = _partition_seconds() - before if step.setting.compiled else None
         result.graphs = [summarize_record(r) for r in records]
+        started = time.perf_counter()
         with step.context(), saved_activations(model, *inputs) as saved:
             loss = step.run(*inputs)
         loss.backward()
+        _sync(device)
+        result.second_call_s = time.perf_counter() - started
         model.zero_grad(set_to_none=True)
         result.activation_bytes = saved.bytes
     except Exception as error:  # one failing setting must not end the whole benchmark
+        if STOP.is_set():  # an interrupt that torch wrapped into another exception
+            raise KeyboardInterrupt from error
         result.error = f"{type(error).__name__}: {error}"
         log.warning("setting %s failed while compiling: %s", step.setting.label, result.error)
         model.zero_grad(set_to_none=True)
@@ -206,6 +215,8 @@ def _time_round_robin(
                 try:
                     seconds, peak = _timed_step(steps[i], model, inputs, device)
                 except Exception as error:  # a recompile or a runtime failure: drop this setting
+                    if STOP.is_set():
+                        raise KeyboardInterrupt from error
                     results[i].error = f"{type(error).__name__}: {error}"
                     log.warning("setting %s failed while timing: %s", steps[i].setting.label, results[i].error)
                     model.zero_grad(set_to_none=True)
@@ -219,9 +230,13 @@ def _time_round_robin(
 
 def benchmark_model(
     spec: ModelSpec, size: str, settings: Sequence[Setting], *, device: torch.device, dtype: torch.dtype,
-    rounds: int, progress: Progress, clock: Clock, seed: int = 0,
+    rounds: int, progress: Progress, clock: Clock, sink: list[ModelResult], seed: int = 0,
 ) -> ModelResult:  # fmt: skip
-    """Measure ``spec`` at ``size`` under every setting; settings that do not fit ``clock`` are skipped."""
+    """Measure ``spec`` at ``size`` under every setting; settings that do not fit ``clock`` are skipped.
+
+    The result is appended to ``sink`` as soon as it exists and filled in as
+    the run goes, so an interrupted run can still write what it measured.
+    """
     torch.compiler.reset()
     torch.manual_seed(seed)
     model = spec.build(size).to(device=device, dtype=dtype)
@@ -229,19 +244,20 @@ def benchmark_model(
     inputs = model.make_inputs(torch.Generator().manual_seed(seed + 1), device, dtype)
     config = {k: v for k, v in vars(spec.sizes[size]).items()}
     outcome = ModelResult(spec.name, spec.title, spec.transformer, size, parameter_count(model), config, [])
+    sink.append(outcome)
     steps: list[Step] = []
-    slowest_compile = 0.0
+    next_compile = 0.0  # guess: the last compile again, plus a fifth (the first one is the coldest)
     for setting in settings:
-        step_guess = max((r.first_call_s or 0.0 for r in outcome.settings if not r.setting.compiled), default=1.0)
-        reserve = (rounds + 1) * step_guess * (len(steps) + 1) + 20.0
-        if setting.compiled and clock.left() < slowest_compile + reserve:
+        step_guess = max((r.second_call_s or 0.0 for r in outcome.settings), default=1.0)
+        reserve = (rounds + 1) * step_guess * (len(steps) + 1) + 20.0  # the timed rounds, and a margin
+        if setting.compiled and clock.left() < next_compile + reserve:
             outcome.skipped.append(setting.key)
             progress.update(f"{spec.name}: skip {setting.label} (time limit)")
             continue
         step = make_step(setting, model)
         result = _prepare(step, model, inputs, device)
         if setting.compiled and result.first_call_s is not None:
-            slowest_compile = max(slowest_compile, result.first_call_s)
+            next_compile = 1.2 * result.first_call_s
         steps.append(step)
         outcome.settings.append(result)
         progress.update(f"{spec.name}: compiled {setting.label}")

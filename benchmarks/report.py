@@ -83,7 +83,7 @@ def _targets_section(targets: list[Target]) -> list[str]:
     lines.append("")
     for t in targets:
         if t.misses:
-            lines += [f"Missed, {t.name}:", ""] + [f"- {miss}" for miss in t.misses] + [""]
+            lines += [f"Points that miss \"{t.name}\":", ""] + [f"- {miss}" for miss in t.misses] + [""]
     if any(t.met is False for t in targets):
         lines += ["Analysis of the misses: _to be written (graph nodes or cost-model terms responsible, and the fix)._", ""]
     return lines
@@ -120,7 +120,7 @@ def _markdown(meta: dict[str, Any], models: list[ModelResult], verdicts: list[Mo
     for model, verdict in zip(models, verdicts):
         lines += _model_section(model, verdict, gpu)
     if meta.get("interrupted"):
-        lines += ["**The run was interrupted; the models above are the ones that finished.**", ""]
+        lines += ["**The run was interrupted: the last model may lack settings or timings.**", ""]
     if meta.get("skipped_models"):
         lines += [f"Models skipped for the time limit: {', '.join(meta['skipped_models'])}.", ""]
     definitions = (_definitions or "").split("Definitions, which every results file repeats:", 1)[-1]

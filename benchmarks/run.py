@@ -20,18 +20,20 @@ import logging
 import platform
 import re
 import shlex
+import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.harness import Clock, ModelResult, benchmark_model, progress_units
-from benchmarks.models import MODELS, SIZES, model_spec
-from benchmarks.plot import PlotUnavailable, matplotlib_available, plot_results
+from benchmarks.harness import STOP, Clock, ModelResult, benchmark_model, progress_units
+from benchmarks.models import MODELS, SIZES, ModelSpec, model_spec
+from benchmarks.plot import matplotlib_available, plot_results
 from benchmarks.progress import Progress
 from benchmarks.report import write_results
-from benchmarks.settings import SETTING_GROUPS, select_settings
+from benchmarks.settings import SETTING_GROUPS, Setting, select_settings
 
 __all__ = ["main"]
 
@@ -101,12 +103,27 @@ def _write(out: Path, stem: str, meta: dict[str, Any], results: list[ModelResult
         plot_results(results, out / f"{stem}.png", f"step time against activation memory: {meta['device_name']}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+@dataclass
+class _Plan:
+    """What one run measures and where it writes, parsed from the command line."""
+
+    specs: list[ModelSpec]
+    settings: list[Setting]
+    device: torch.device
+    size: str
+    dtype: str
+    rounds: int
+    out: Path
+    stem: str
+    plot: str
+    time_limit: float | None
+    meta: dict[str, Any]
+
+
+def _configure(args: argparse.Namespace) -> _Plan:
     if args.plot == "yes" and not matplotlib_available():
-        raise SystemExit(str(PlotUnavailable("plotting needs matplotlib, which is the optional extra 'plot': "
-                                             "pip install 'torch-ckpt[plot]' (or run with --plot no or --plot auto)")))  # fmt: skip
+        raise SystemExit("plotting needs matplotlib, which is the optional extra 'plot': "
+                         "pip install 'torch-ckpt[plot]' (or run with --plot no or --plot auto)")  # fmt: skip
     try:
         specs = [model_spec(name.strip()) for name in args.models.split(",") if name.strip()]
         settings = select_settings(args.settings or ("quick" if args.quick else "all"))
@@ -116,36 +133,53 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--rounds={args.rounds} must be at least 1")
     device = _device(args.device)
     size = args.size or ("tiny" if args.quick else ("gpu" if device.type == "cuda" else "cpu"))
-    dtype_name = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     rounds = args.rounds or (3 if args.quick else 10)
     tag, device_name = _device_tag(device)
     stem = args.name or (tag + ("-quick" if args.quick else ""))
-    meta = _meta(args, device, device_name, size, dtype_name, rounds)
-    clock = Clock(args.time_limit)
-    progress = Progress(progress_units(len(specs), len(settings), rounds))
+    meta = _meta(args, device, device_name, size, dtype, rounds)
+    return _Plan(specs, settings, device, size, dtype, rounds, args.out, stem, args.plot, args.time_limit, meta)
+
+
+def _measure(plan: _Plan, progress: Progress, results: list[ModelResult]) -> None:
+    clock = Clock(plan.time_limit)
+    for index, spec in enumerate(plan.specs):
+        # Each model gets an equal share of the time left, so a slow compile cannot starve the rest.
+        share = Clock(clock.left() / (len(plan.specs) - index)) if plan.time_limit is not None else clock
+        if share.left() < _MIN_MODEL_S:
+            plan.meta["skipped_models"].append(spec.name)
+            progress.update(f"skip {spec.name} (time limit)", advance=len(plan.settings) + plan.rounds + 1)
+            continue
+        benchmark_model(spec, plan.size, plan.settings, device=plan.device, dtype=_DTYPES[plan.dtype],
+                        rounds=plan.rounds, progress=progress, clock=share, sink=results)  # fmt: skip
+        _write(plan.out, plan.stem, plan.meta, results, plan.plot)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    STOP.set()
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    plan = _configure(_parser().parse_args(argv))
+    progress = Progress(progress_units(len(plan.specs), len(plan.settings), plan.rounds))
     results: list[ModelResult] = []
+    STOP.clear()
+    previous = signal.signal(signal.SIGINT, _interrupt)
     try:
-        for index, spec in enumerate(specs):
-            # Each model gets an equal share of the time left, so a slow compile cannot starve the rest.
-            share = Clock(clock.left() / (len(specs) - index)) if args.time_limit is not None else clock
-            if share.left() < _MIN_MODEL_S:
-                meta["skipped_models"].append(spec.name)
-                progress.update(f"skip {spec.name} (time limit)", advance=len(settings) + rounds + 1)
-                continue
-            results.append(
-                benchmark_model(spec, size, settings, device=device, dtype=_DTYPES[dtype_name], rounds=rounds,
-                                progress=progress, clock=share)  # fmt: skip
-            )
-            _write(args.out, stem, meta, results, args.plot)
+        _measure(plan, progress, results)
     except KeyboardInterrupt:
         progress.close()
-        meta["interrupted"] = True
-        _write(args.out, stem, meta, results, args.plot)
-        print(f"interrupted; wrote the {len(results)} finished model(s) to {args.out / stem}.md", file=sys.stderr)
+        plan.meta["interrupted"] = True
+        _write(plan.out, plan.stem, plan.meta, results, plan.plot)
+        print(f"interrupted; wrote what was measured to {plan.out / plan.stem}.md", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
     progress.close()
-    _write(args.out, stem, meta, results, args.plot)
-    print(f"wrote {args.out / stem}.md, .json" + ("" if args.plot == "no" else ", .png"))
+    _write(plan.out, plan.stem, plan.meta, results, plan.plot)
+    print(f"wrote {plan.out / plan.stem}.md, .json" + ("" if plan.plot == "no" else ", .png"))
     return 0
 
 
