@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import sympy
 import torch
 
 from ckpt import _torch_compat as compat
 from ckpt.backend import PartitionRecord, record_partitions
+from ckpt.cost_model.node_cost import storage_bytes_expr
 from ckpt.measure import saved_activations
 from tests.conftest import StepResult, assert_close_grads
 
@@ -24,6 +26,7 @@ __all__ = [
     "BUDGETS",
     "assert_runs_close",
     "assert_within_budget",
+    "bytes_at_sizes",
     "ckpt_compile",
     "error_chain",
     "run_steps",
@@ -59,6 +62,7 @@ def run_steps(
     lr: float = 0.0,
     copy_model: bool = True,
     used_inputs: list[list[Any]] | None = None,
+    prepare_inputs: Callable[[list[Any]], None] | None = None,
 ) -> tuple[list[StepResult], torch.nn.Module]:
     """One forward and backward per batch on one copy of ``model``; returns the steps and the model.
 
@@ -70,7 +74,9 @@ def run_steps(
     ends with plain SGD on the parameters.  Gradients are reset before each
     step; inputs are fresh clones, so an input the model mutates starts equal
     for every run; ``used_inputs``, if given, receives them, so a test can
-    read what the model wrote into them.  The compile caches are off, so each
+    read what the model wrote into them; ``prepare_inputs``, if given, is
+    called on them first (``torch._dynamo.mark_dynamic``, which a clone does
+    not carry over).  The compile caches are off, so each
     compile runs the partitioner and leaves a record.
     """
     torch.compiler.reset()
@@ -83,6 +89,8 @@ def run_steps(
     with compat.compile_caches_disabled():
         for batch in batches:
             inputs = _fresh_inputs(batch)
+            if prepare_inputs is not None:
+                prepare_inputs(inputs)
             if used_inputs is not None:
                 used_inputs.append(inputs)
             for parameter in model.parameters():
@@ -145,6 +153,28 @@ def assert_within_budget(step: StepResult, graphs: int | None = None) -> list[Pa
         total = sum(cap for cap in caps if cap is not None)
         assert step.saved_bytes <= total, f"measured {step.saved_bytes} B saved, budget {total} B"
     return records
+
+
+def bytes_at_sizes(record: PartitionRecord, indices: Iterable[int], size_for_hint: dict[int, int]) -> int:
+    """Storage bytes of the record's values ``indices`` at other sizes of a graph with symbolic sizes.
+
+    The record's byte counts are evaluated at the size hints of the compile.
+    Here each backed symbol is replaced by ``size_for_hint[its hint]`` (its
+    hint where absent), so the hints of the varying sizes must be distinct.
+    Graph inputs count zero, as in the plan.
+    """
+    assert record.analysis is not None
+    nodes = record.analysis.nodes
+    hints = compat.symbol_hints(compat.shape_env_of(node.meta.get("val") for node in nodes))
+    substitution = {symbol: size_for_hint.get(int(hint), hint) for symbol, hint in hints.items()}
+    total = 0
+    for index in indices:
+        node = nodes[index]
+        value = node.meta.get("val")
+        if node.op == "placeholder" or not isinstance(value, torch.Tensor):
+            continue
+        total += int(sympy.sympify(storage_bytes_expr(value)).xreplace(substitution))
+    return total
 
 
 def error_chain(error: BaseException) -> Iterator[BaseException]:
