@@ -28,9 +28,11 @@ def drop_dead_random_ops(bw_module: fx.GraphModule) -> fx.GraphModule:
     Postcondition: the backward graph contains no op that draws from the
     global RNG (see :func:`ckpt.cost_model.ops.classify`).
     """
-    bw_module.graph.eliminate_dead_code()
     changed = True
     while changed:
+        # Erasing a dead random op can leave pure nodes dead (a getitem of another random op),
+        # and those in turn can leave the next random op dead.
+        bw_module.graph.eliminate_dead_code()
         changed = False
         for node in reversed(list(bw_module.graph.nodes)):
             if _is_random(node) and not node.users:
