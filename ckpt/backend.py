@@ -45,6 +45,7 @@ from ckpt.partitioner.extract import extract_modules, verify_backward
 from ckpt.partitioner.plan import Plan
 from ckpt.partitioner.problem import ProblemError
 from ckpt.partitioner.solver import solve
+from ckpt.partitioner.symbolic import fit_fraction
 from ckpt.partitioner.torch_plan import plan_from_saved_names, torch_default_saved_names
 from ckpt.passes.backward import drop_dead_random_ops
 
@@ -170,7 +171,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         analysis = analyze_joint(gm, num_fwd_outputs, self.profile)
         budget_bytes = self.config.budget.resolve(analysis.no_recompute_bytes)
         started = time.perf_counter()
-        plan = solve(analysis.problem, budget_bytes, time_limit=self.config.solver_time_limit)
+        plan = self._solve(analysis, budget_bytes)
         solve_seconds = time.perf_counter() - started
         if plan.over_budget:
             warnings.warn(
@@ -203,6 +204,24 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         _publish(record)
         return fw_module, bw_module
 
+
+    def _solve(self, analysis: JointAnalysis, budget_bytes: int | None) -> Plan:
+        def resolve(cap: int | None) -> Plan:
+            return solve(analysis.problem, cap, time_limit=self.config.solver_time_limit)
+
+        plan = resolve(budget_bytes)
+        fraction = self.config.budget.fraction
+        if fraction is not None and budget_bytes is not None:
+            plan = fit_fraction(
+                plan,
+                fraction,
+                budget_bytes,
+                sorted(analysis.no_recompute_saved),
+                analysis.save_bytes_exprs,
+                analysis.size_hints,
+                resolve,
+            )
+        return plan
 
     @staticmethod
     def _torch_plan(

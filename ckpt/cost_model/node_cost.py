@@ -22,7 +22,7 @@ import torch.utils._pytree as pytree
 from ckpt import _torch_compat as compat
 from ckpt.cost_model.ops import OpKind, classify
 
-__all__ = ["NodeEstimate", "SizeEvaluator", "dtype_class", "estimate_node", "tensor_values"]
+__all__ = ["NodeEstimate", "Size", "SizeEvaluator", "dtype_class", "estimate_node", "tensor_values"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,10 @@ class SizeEvaluator:
 
     def __init__(self, hints: dict[Any, int] | None = None) -> None:
         self._hints = dict(hints or {})
+
+    @property
+    def hints(self) -> dict[Any, int]:
+        return dict(self._hints)
 
     @classmethod
     def for_graph(cls, graph: fx.Graph) -> SizeEvaluator:

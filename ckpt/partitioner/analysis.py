@@ -42,7 +42,14 @@ import torch
 import torch.fx as fx
 
 from ckpt import _torch_compat as compat
-from ckpt.cost_model.node_cost import NodeEstimate, SizeEvaluator, estimate_node, storage_bytes_expr, tensor_values
+from ckpt.cost_model.node_cost import (
+    NodeEstimate,
+    Size,
+    SizeEvaluator,
+    estimate_node,
+    storage_bytes_expr,
+    tensor_values,
+)
 from ckpt.cost_model.ops import OpKind
 from ckpt.cost_model.profiles import DeviceProfile
 from ckpt.cost_model.roofline import compute_seconds, kernel_seconds, transfer_seconds
@@ -72,6 +79,8 @@ class JointAnalysis:
     reasons: dict[str, str]  # why a value cannot be saved or recomputed, by node name
     forward_names: frozenset[str]  # call_function nodes of the forward side
     root_names: dict[str, str]  # view name -> name of the value whose storage it aliases
+    save_bytes_exprs: tuple[Size, ...]  # save_bytes as expressions in the size symbols
+    size_hints: dict[Any, int]  # size symbol -> hint
 
 
 @dataclass
@@ -235,6 +244,7 @@ def analyze_joint(joint: fx.GraphModule, num_fwd_outputs: int, profile: DevicePr
 
     inputs: list[tuple[int, ...]] = []
     save_bytes: list[int] = []
+    save_bytes_exprs: list[Size] = []
     save_time: list[int] = []
     recompute_time: list[int] = []
     can_save: list[bool] = []
@@ -247,9 +257,8 @@ def analyze_joint(joint: fx.GraphModule, num_fwd_outputs: int, profile: DevicePr
         save_reason = _save_constraint(node, graph)
         recompute_reason = _recompute_constraint(node, kind, graph, kinds)
         value = node.meta.get("val")
-        nbytes = 0
-        if isinstance(value, torch.Tensor):
-            nbytes = sizes(storage_bytes_expr(value))
+        nbytes_expr: Size = storage_bytes_expr(value) if isinstance(value, torch.Tensor) else 0
+        nbytes = sizes(nbytes_expr)
         node_users = users.get(node, [])
         extern_user = any(kinds[u] not in _FUSIBLE_KINDS for u in node_users)
         extern_forward_user = any(kinds[u] not in _FUSIBLE_KINDS for u in node_users if u not in graph.backward)
@@ -276,6 +285,7 @@ def analyze_joint(joint: fx.GraphModule, num_fwd_outputs: int, profile: DevicePr
         # unless Inductor hands the backward a converted copy of it.
         is_input = node.op == "placeholder" and node not in copied_inputs
         save_bytes.append(0 if is_input else nbytes)
+        save_bytes_exprs.append(0 if is_input else nbytes_expr)
         save_time.append(to_picoseconds(seconds_save))
         recompute_time.append(to_picoseconds(seconds_recompute))
         can_save.append(save_reason is None)
@@ -308,6 +318,8 @@ def analyze_joint(joint: fx.GraphModule, num_fwd_outputs: int, profile: DevicePr
             n.name for n in joint.graph.nodes if n.op == "call_function" and n not in graph.backward
         ),
         root_names={n.name: root(n).name for n in estimates if root(n) is not n},
+        save_bytes_exprs=tuple(save_bytes_exprs),
+        size_hints=sizes.hints,
     )
 
 

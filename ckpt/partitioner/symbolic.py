@@ -1,0 +1,108 @@
+"""Keep a fractional budget at every size when sizes are symbolic.
+
+Under dynamic shapes one plan serves every size, but it is chosen at the size
+hints.  Saved values can grow faster than the no-recompute plan (attention
+scores grow with the square of the sequence), so a plan that keeps 50% at the
+hints can keep more at other sizes.  :func:`fit_fraction` checks the plan's
+ratio ``saved bytes / no-recompute bytes`` at sample sizes around the hints
+(each symbol and all together scaled from 1/4 to 8 times) and, while the ratio
+exceeds the fraction somewhere, re-solves with a proportionally tighter cap at
+the hints.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+
+from ckpt.partitioner.plan import Plan
+
+__all__ = ["fit_fraction", "sample_points", "worst_ratio"]
+
+log = logging.getLogger(__name__)
+
+_FACTORS = (0.25, 0.5, 2.0, 4.0, 8.0)
+_ROUNDS = 6
+
+
+def sample_points(hints: dict[Any, int], symbols: set[Any]) -> list[dict[Any, int]]:
+    """Size assignments around the hints: all symbols scaled together, and each alone."""
+    ordered = sorted(symbols, key=str)
+    base = {s: int(hints.get(s, 4096)) for s in ordered}
+    points = [base]
+    for factor in _FACTORS:
+        points.append({s: max(2, round(v * factor)) for s, v in base.items()})
+    if len(ordered) > 1:
+        for s, factor in itertools.product(ordered, (0.25, 4.0)):
+            point = dict(base)
+            point[s] = max(2, round(base[s] * factor))
+            points.append(point)
+    return points
+
+
+def _total(exprs: Sequence[Any], indices: Sequence[int], point: dict[Any, int]) -> int:
+    total = 0
+    for i in indices:
+        expr = exprs[i]
+        total += expr if isinstance(expr, int) else int(sympy.sympify(expr).xreplace(point))
+    return total
+
+
+def worst_ratio(
+    saved: Sequence[int], baseline: Sequence[int], exprs: Sequence[Any], points: list[dict[Any, int]]
+) -> float:
+    """The largest ``bytes(saved) / bytes(baseline)`` over the sample points."""
+    worst = 0.0
+    for point in points:
+        denominator = _total(exprs, baseline, point)
+        numerator = _total(exprs, saved, point)
+        if denominator > 0:
+            worst = max(worst, numerator / denominator)
+        elif numerator > 0:
+            return float("inf")
+    return worst
+
+
+def fit_fraction(
+    plan: Plan,
+    fraction: float,
+    budget_at_hints: int,
+    baseline: Sequence[int],
+    exprs: Sequence[Any],
+    hints: dict[Any, int],
+    resolve: Callable[[int], Plan],
+) -> Plan:
+    """A plan whose saved/no-recompute ratio stays within ``fraction`` at every sample size.
+
+    ``resolve(cap)`` solves again with a byte cap at the hints.  Gives up after
+    a few rounds with the last (leanest) plan tried, and warns with the ratio it reached.
+    """
+    symbols: set[Any] = set()
+    for expr in exprs:
+        if not isinstance(expr, int):
+            symbols |= sympy.sympify(expr).free_symbols
+    if not symbols or plan.over_budget:
+        return plan
+    points = sample_points(hints, symbols)
+    cap = budget_at_hints
+    for _ in range(_ROUNDS):
+        ratio = worst_ratio(plan.saved, baseline, exprs, points)
+        if ratio <= fraction + 1e-12:
+            return plan
+        cap = min(cap - 1, int(cap * fraction / ratio))
+        if cap < 0:
+            break
+        log.debug("plan keeps %.3f of the no-recompute bytes at some size; re-solving with cap %d", ratio, cap)
+        plan = resolve(cap)
+        if plan.over_budget:
+            break
+    log.warning(
+        "ckpt: under dynamic shapes the plan keeps up to %.3f of the no-recompute bytes at some sizes (budget %g)",
+        worst_ratio(plan.saved, baseline, exprs, points),
+        fraction,
+    )
+    return plan
