@@ -16,6 +16,7 @@ difference between two plans is exactly the difference the solver optimises.
 from __future__ import annotations
 
 import logging
+import operator
 import re
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,7 +45,7 @@ class SavedTensor:
     dtype: str
     bytes: int
     source: str
-    is_input: bool  # a graph input (parameter or user input): lives anyway, costs no bytes
+    is_input: bool  # a graph input (parameter or user input): costs bytes only if Inductor copies it
 
 
 @dataclass(frozen=True)
@@ -115,12 +116,16 @@ def plan_totals(analysis: JointAnalysis, saved: frozenset[int] | tuple[int, ...]
 
 
 def _op_name(node: fx.Node) -> str:
+    """``aten.addmm``, ``prims.iota``; an item of a multi-output op as ``aten.op[i]``."""
     if node.op == "placeholder":
         return "input"
     target = node.target
-    if callable(target) and not hasattr(target, "_schema"):  # a Python function such as operator.getitem
+    if target is operator.getitem and node.args and isinstance(node.args[0], fx.Node):
+        return f"{_op_name(node.args[0])}[{node.args[1]}]"
+    if callable(target) and not hasattr(target, "_schema"):  # a Python function
         return getattr(target, "__name__", str(target))
-    return str(target)
+    name = str(target)
+    return name[: -len(".default")] if name.endswith(".default") else name
 
 
 def _solver_facts(record: PartitionRecord) -> SolverFacts:
@@ -147,6 +152,21 @@ def _solver_facts(record: PartitionRecord) -> SolverFacts:
     )
 
 
+_MODULE_ROOT_RE = re.compile(r"^L\[['\"][^'\"]*['\"]\]\.?")
+
+
+def _source(node: fx.Node, info: dict[str, Any]) -> str:
+    """The user's source line; else, for code inside torch's own modules, the module that ran it."""
+    if info["source"]:
+        return info["source"]
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
+    if not stack:
+        return ""
+    path, module_class = list(stack.values())[-1]
+    path = _MODULE_ROOT_RE.sub("", str(path)) or "(root)"
+    return f"module {path} ({getattr(module_class, '__name__', module_class)})"
+
+
 def _saved_rows(analysis: JointAnalysis, saved: tuple[int, ...]) -> tuple[SavedTensor, ...]:
     rows = []
     for i in saved:
@@ -154,7 +174,8 @@ def _saved_rows(analysis: JointAnalysis, saved: tuple[int, ...]) -> tuple[SavedT
         info = describe_value(node)
         nbytes = analysis.problem.save_bytes[i]
         is_input = node.op == "placeholder"
-        row = SavedTensor(node.name, _op_name(node), info["shape"], info["dtype"], nbytes, info["source"], is_input)
+        op = "input (Inductor keeps a converted copy)" if is_input and nbytes else _op_name(node)
+        row = SavedTensor(node.name, op, info["shape"], info["dtype"], nbytes, _source(node, info), is_input)
         rows.append(row)
     return tuple(rows)
 
@@ -177,7 +198,7 @@ def _recomputed_rows(analysis: JointAnalysis, recomputed: tuple[int, ...]) -> tu
                 cost,
                 int(estimate.flops) if estimate is not None else 0,
                 estimate is not None and estimate.kind is OpKind.EXTERN,
-                info["source"],
+                _source(node, info),
             )
         )
     return tuple(rows), free
@@ -290,10 +311,11 @@ def _graph_markdown(g: GraphReport, max_rows: int | None) -> list[str]:
     out += [table(["plan", "saved bytes", "save time", "recompute time", "step time"], rows, {1, 2, 3, 4}), ""]
     if g.torch_default_note:
         out += [f"torch default partition: {g.torch_default_note}.", ""]
-    activations = [t for t in g.saved if not t.is_input]
+    activations = [t for t in g.saved if not t.is_input or t.bytes]
     inputs = len(g.saved) - len(activations)
-    out += [f"Saved tensors: {len(activations)}, {format_bytes(sum(t.bytes for t in activations))} "
+    out += [f"Saved tensors: {len(activations)}, {format_bytes(sum(t.bytes for t in activations))}, largest first "
             f"(and {inputs} graph inputs, which live anyway).", ""]
+    activations = sorted(activations, key=lambda t: -t.bytes)
     rows = [
         [t.name, t.op, "x".join(t.shape) or "-", t.dtype, format_bytes(t.bytes), short_source(t.source)]
         for t in activations
@@ -301,10 +323,11 @@ def _graph_markdown(g: GraphReport, max_rows: int | None) -> list[str]:
     if rows:
         out += [table(["node", "op", "shape", "dtype", "bytes", "source"], _clip(rows, max_rows, 6), {4}), ""]
     cost = sum(r.cost_ps for r in g.recomputed)
-    out += [f"Recomputed values: {len(g.recomputed)}, {format_ps(cost)} predicted "
+    out += [f"Recomputed values: {len(g.recomputed)}, {format_ps(cost)} predicted, costliest first "
             f"(and {g.backward_only} values the backward computes anyway, at no extra cost).", ""]
     rows = [
-        [r.name, r.op, "x".join(r.shape) or "-", format_ps(r.cost_ps), short_source(r.source)] for r in g.recomputed
+        [r.name, r.op, "x".join(r.shape) or "-", format_ps(r.cost_ps), short_source(r.source)]
+        for r in sorted(g.recomputed, key=lambda r: -r.cost_ps)
     ]
     if rows:
         out += [table(["node", "op", "shape", "cost", "source"], _clip(rows, max_rows, 5), {3}), ""]

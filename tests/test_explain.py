@@ -71,6 +71,32 @@ def record() -> PartitionRecord:
 # --- the report's contents ---------------------------------------------------------------
 
 
+class TinyConv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x)).square().mean()
+
+
+@pytest.mark.parametrize("budget", ["none", "0.5", "0"])
+@pytest.mark.parametrize("model_name", ["mlp", "conv"])
+def test_saved_rows_add_up_to_the_plan(model_name, budget):
+    if model_name == "mlp":
+        rec = make_record(budget)
+    else:
+        torch.manual_seed(0)
+        rec = make_record(budget, TinyConv(), torch.randn(2, 3, 8, 8))
+    report = ExplainReport((graph_report(rec),), budget=budget, measured_bytes=None)
+    (graph,) = report.graphs
+    assert sum(t.bytes for t in graph.saved) == graph.plans["ckpt"].bytes == rec.plan.bytes
+    # Inputs that cost nothing are summarised; everything with bytes is a table row.
+    text = str(report)
+    assert all(f"| {t.name} " in text for t in graph.saved if t.bytes)
+    assert all(t.op.startswith("input") for t in graph.saved if t.is_input)
+
+
 def test_saved_tensors_name_shape_and_bytes(record):
     report = graph_report(record)
     activations = [t for t in report.saved if not t.is_input]
@@ -118,6 +144,26 @@ def test_solver_lambda(budget, lam):
         model, x = tiny_factory()
         minimum = solve(trace_joint(model, x).analysis.problem, 0).bytes
         assert facts.over_budget == (minimum > 0) and (facts.lambda_ps_per_byte is None) == (minimum > 0)
+
+
+@pytest.mark.parametrize(
+    "meta, expected",
+    [
+        ({"stack_trace": '  File "/src/model.py", line 7, in forward\n    y = self.up(x)\n'}, "model.py:7 y = self.up(x)"),
+        ({"nn_module_stack": {"a": ("L['self'].up", nn.Linear)}}, "module up (Linear)"),
+        ({"fwd_nn_module_stack": {"a": ("L['fn']", nn.Sequential), "b": ("L['fn'].1", nn.GELU)}}, "module 1 (GELU)"),
+        ({}, ""),
+    ],
+    ids=["stack-trace", "module-stack", "forward-module-stack", "nothing"],
+)
+def test_source_of_a_value(meta, expected):
+    from ckpt.partitioner.analysis import describe_value
+    from ckpt.report import _source
+
+    graph = torch.fx.Graph()
+    node = graph.call_function(torch.ops.aten.relu.default, (graph.placeholder("x"),))
+    node.meta.update(meta)
+    assert short_source(_source(node, describe_value(node))) == expected
 
 
 def test_report_text_and_json(record):
