@@ -63,22 +63,7 @@ def _batches(steps: int = 2) -> list[list[torch.Tensor]]:
     return [[torch.randn(8, DIM, generator=generator, requires_grad=True)] for _ in range(steps)]
 
 
-@pytest.mark.parametrize(
-    "noise_of_dropout_output",
-    [
-        False,
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="drop_dead_random_ops (ckpt/passes/backward.py) erases the dead rand_like that torch's "
-                "extraction copies into the backward, but not the native_dropout it reads (through a getitem "
-                "that only becomes dead afterwards), then raises RandomInBackwardError",
-            ),
-        ),
-    ],
-    ids=["noise_of_activation", "noise_of_dropout_output"],
-)
+@pytest.mark.parametrize("noise_of_dropout_output", [False, True], ids=["noise_of_activation", "noise_of_dropout_output"])
 def test_fallback_random_matches_eager_and_leaves_the_same_rng_state(noise_of_dropout_output):
     """With eager's RNG in Inductor, two steps draw the same masks as eager and leave the generator where eager does.
 
