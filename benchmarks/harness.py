@@ -70,6 +70,17 @@ class SettingResult:
         return statistics.median(self.samples_s) if self.samples_s else None
 
     @property
+    def spread(self) -> float | None:
+        """Interquartile range over the median (the full range under four samples)."""
+        if len(self.samples_s) < 2 or not self.step_s:
+            return None
+        if len(self.samples_s) < 4:
+            low, high = min(self.samples_s), max(self.samples_s)
+        else:
+            low, _, high = statistics.quantiles(self.samples_s, n=4)
+        return (high - low) / self.step_s
+
+    @property
     def compile_s(self) -> float | None:
         if not self.setting.compiled:
             return None

@@ -40,7 +40,7 @@ def _setting_row(result: SettingResult, compile_s: float | None, gpu: bool) -> s
     cells = [
         result.setting.label,
         _mib(result.activation_bytes),
-        _fmt(None if step is None else step * 1e3, "{:.1f}"),
+        _fmt(None if step is None else step * 1e3, "{:.1f}") + _fmt(result.spread, " ±{:.0%}", ""),
         _fmt(ratio, "{:.3f}"),
         _fmt(result.compile_s, "{:.1f}"),
         _fmt(result.partition_s, "{:.3f}"),
@@ -111,7 +111,7 @@ def _markdown(meta: dict[str, Any], models: list[ModelResult], verdicts: list[Mo
         f"round-robin steps per setting{', CUDA-event timings' if gpu else ''}."
     )
     lines += ["", "A step is forward plus backward. Activation MiB: unique storages saved for the backward "
-              "(parameters and inputs left out). *vs compile*: step time over default torch.compile's "
+              "(parameters and inputs left out). *step ms*: median, ± the interquartile range over the median. *vs compile*: step time over default torch.compile's "
               "(mean of compile and its repeat). *compile s*: first step minus a timed step. *partition s*: "
               "time in the partitioner (ckpt's or torch's min cut). *budget MiB*, *predicted MiB*: ckpt's cap "
               "and its plan's bytes, summed over graphs."
@@ -141,7 +141,7 @@ def _jsonable(value: Any) -> Any:
 def _model_json(model: ModelResult, verdict: ModelVerdict) -> dict[str, Any]:
     data = _jsonable(model)
     for result, entry in zip(model.settings, data["settings"]):
-        entry.update(step_s=result.step_s, compile_s=result.compile_s)
+        entry.update(step_s=result.step_s, spread=result.spread, compile_s=result.compile_s)
     data["verdict"] = _jsonable(verdict)
     return data
 

@@ -77,7 +77,7 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in _all_settings()}
 SETTING_GROUPS: dict[str, tuple[str, ...]] = {
     "all": tuple(SETTINGS),
     # --quick: every family, one budget each.
-    "quick": ("eager", "eager-checkpoint", "compile", "compile-repeat", "torch-0.25", "ckpt-none", "ckpt-0.25"),
+    "quick": ("eager", "eager-checkpoint", "compile", "compile-repeat", "torch-0.5", "ckpt-none", "ckpt-0.5"),
     # gpu.sh, in priority order: under a time limit the last ones are skipped first.
     "gpu": (
         "eager", "eager-checkpoint", "compile", "ckpt-0.5", "torch-0.5", "compile-repeat",
