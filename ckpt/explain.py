@@ -42,6 +42,7 @@ __all__ = [
     "clone_inputs",
     "emit_explain",
     "explain",
+    "fresh_entry",
     "loss_of",
     "summary_line",
 ]
@@ -78,7 +79,11 @@ def emit_explain(record: PartitionRecord, target: str) -> None:
     log.info("ckpt: %s", summary_line(record))
     if target == "log":
         return
-    report = ExplainReport(graphs=(graph_report(record),), budget=str(record.budget), measured_bytes=None)
+    try:
+        report = ExplainReport(graphs=(graph_report(record),), budget=str(record.budget), measured_bytes=None)
+    except Exception as error:  # a report bug must not change how the graph compiles
+        log.warning("ckpt: could not build the explain report for graph %r: %s", record.graph, error, exc_info=True)
+        return
     directory = Path(target)
     stem = _file_stem(record.graph)
     try:
@@ -115,6 +120,22 @@ def clone_inputs(inputs: Sequence[Any]) -> list[Any]:
     return [
         x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x for x in inputs
     ]
+
+
+def _step(model: torch.nn.Module, *inputs: Any) -> Any:
+    return model(*inputs)
+
+
+def fresh_entry(label: str) -> types.FunctionType:
+    """A function ``f(model, *inputs) -> model(*inputs)`` with a code object of its own.
+
+    Dynamo caches compiled code per code object, and parameters are graph
+    inputs: compiling through this keeps the cache entry off the model class's
+    ``forward``, so a later ``torch.compile`` of the user's model never reuses it,
+    and two budgets compiled in one process never share a graph.
+    """
+    code = _step.__code__.replace(co_name=f"ckpt_step_{label}")
+    return types.FunctionType(code, _step.__globals__, code.co_name)
 
 
 def check_model(model: Any) -> torch.nn.Module:
@@ -163,11 +184,11 @@ def explain(
     model = copy.deepcopy(model)
     inputs = clone_inputs(example_inputs)
     torch.compiler.reset()
-    compiled = torch.compile(model, backend="ckpt", options=compile_kwargs)
+    compiled = torch.compile(fresh_entry("explain"), backend="ckpt", options=compile_kwargs)
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
     with compat.compile_caches_disabled(), record_partitions() as records:
         with saved_activations(model, *tensors) as saved:
-            loss = loss_of(compiled(*inputs))
+            loss = loss_of(compiled(model, *inputs))
         loss.backward()
     if not records:
         raise RuntimeError(

@@ -22,14 +22,13 @@ import math
 import random
 import statistics
 import time
-import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ckpt.explain import check_model, clone_inputs, compile_options, loss_of
+from ckpt.explain import check_model, clone_inputs, compile_options, fresh_entry, loss_of
 from ckpt.report import plan_totals
 
 __all__ = ["STATISTICS", "Measurement", "measure_budgets"]
@@ -95,16 +94,6 @@ class Measurement:
             "min_step_seconds": self.seconds("min"),
             "step_seconds": list(self.step_seconds),
         }
-
-
-def _step(model: torch.nn.Module, *inputs: Any) -> Any:
-    return model(*inputs)
-
-
-def _fresh_entry(label: str) -> types.FunctionType:
-    """A copy of :func:`_step` with its own code object, so Dynamo keeps its own cache for it."""
-    code = _step.__code__.replace(co_name=f"ckpt_step_{label}")
-    return types.FunctionType(code, _step.__globals__, code.co_name)
 
 
 @dataclass
@@ -179,7 +168,7 @@ def measure_budgets(
     settings, firsts = [], []
     for index, (budget, compile_kwargs) in enumerate(zip(budgets, kwargs)):
         copy_of_model = copy.deepcopy(model)
-        entry = _fresh_entry(str(index))
+        entry = fresh_entry(f"budget_{index}")
         compiled = torch.compile(entry, backend="ckpt", options=compile_kwargs)
         setting = _Setting(str(budget), copy_of_model, clone_inputs(example_inputs), compiled)
         firsts.append(_first_step(setting))

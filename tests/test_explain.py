@@ -409,6 +409,12 @@ def test_explain_end_to_end(tmp_path):
     # CKPT_EXPLAIN=path wrote the predicted report for the same graph.
     written = json.loads((tmp_path / f"{graph.graph}.json").read_text())
     assert written["predicted_bytes"] == report.predicted_bytes and written["measured_bytes"] is None
+    # A later torch.compile of the user's model compiles afresh, at its own budget.
+    from ckpt.backend import record_partitions
+
+    with record_partitions() as records:
+        torch.compile(model, backend="ckpt", options={"memory_budget": "none"})(x).backward()
+    assert [str(r.budget) for r in records] == ["none"]
 
 
 @pytest.mark.compile
