@@ -11,11 +11,25 @@ from typing import Any
 from benchmarks.analysis import ModelVerdict, Target, analyze_model, evaluate_targets
 from benchmarks.analysis import __doc__ as _definitions
 from benchmarks.harness import ModelResult, SettingResult
-from benchmarks.settings import CKPT, display_order
+from benchmarks.settings import SETTINGS, display_order
 
-__all__ = ["write_results"]
+__all__ = ["load_results", "main", "write_results"]
 
 MIB = 2**20
+
+_COLUMNS = (
+    "setting", "activation MiB", "step ms", "vs compile", "compile s", "partition s", "ckpt solve s",
+    "budget MiB", "predicted MiB",
+)  # fmt: skip
+
+_LEGEND = (
+    "A step is forward plus backward. *activation MiB*: unique storages saved for the backward (parameters "
+    "and inputs left out). *step ms*: median, and the interquartile range over the median. *vs compile*: step "
+    "time over default torch.compile's (mean of compile and its repeat). *compile s*: first step minus a timed "
+    "step. *partition s*: time in the partitioner (ckpt's or torch's min cut). *budget MiB*, *predicted MiB*: "
+    "ckpt's cap and its plan's bytes, summed over graphs."
+)
+_GPU_LEGEND = " *peak MiB*: the highest memory allocated during a step, above what was allocated before it."
 
 
 def _fmt(value: float | None, pattern: str = "{:.2f}", missing: str = "-") -> str:
@@ -27,9 +41,10 @@ def _mib(value: int | None) -> str:
 
 
 def _setting_row(result: SettingResult, compile_s: float | None, gpu: bool) -> str:
-    columns = 10 if gpu else 9
+    columns = len(_COLUMNS) + (1 if gpu else 0)
     if result.error is not None:
-        cells = [result.setting.label, "failed: " + result.error[:120].replace("|", "/")] + [""] * (columns - 2)
+        error = " ".join(result.error.split())[:160].replace("|", "/")
+        cells = [result.setting.label, "failed: " + error] + [""] * (columns - 2)
         return "| " + " | ".join(cells) + " |"
     step = result.step_s
     ratio = None if step is None or compile_s is None else step / compile_s
@@ -53,23 +68,34 @@ def _setting_row(result: SettingResult, compile_s: float | None, gpu: bool) -> s
     return "| " + " | ".join(cells) + " |"
 
 
+def _ckpt_lines(verdict: ModelVerdict) -> list[str]:
+    parts = [
+        f"{e['setting']} **{e['ratio']:.3f}** (vs {e['reference']})"
+        if e["ratio"] is not None
+        else f"{e['setting']} - (no alternative this lean)"
+        for e in verdict.matched
+    ]
+    dominated = [
+        f"{d['setting']} by {d['by']} (x{d['time_ratio']:.3f}{', beyond noise' if d['beyond_noise'] else ''})"
+        for d in verdict.dominated
+    ]
+    return [
+        "Time at matched memory: " + "; ".join(parts) + ".",
+        "Dominated ckpt points: " + ("; ".join(dominated) if dominated else "none") + ".",
+    ]
+
+
 def _model_section(model: ModelResult, verdict: ModelVerdict, gpu: bool) -> list[str]:
     config = ", ".join(f"{k}={v}" for k, v in model.config.items())
+    columns = (*_COLUMNS, "peak MiB") if gpu else _COLUMNS
     lines = [f"## {model.title} (`{model.name}`)", "", f"Size `{model.size}`: {config}; {model.params / 1e6:.2f}M parameters.", ""]
-    header = "| setting | activation MiB | step ms | vs compile | compile s | partition s | ckpt solve s | budget MiB | predicted MiB |"
-    lines += [header + (" peak MiB |" if gpu else ""), "|---|" + "---:|" * (9 if gpu else 8)]
-    lines += [_setting_row(r, verdict.compile_s, gpu) for r in sorted(model.settings, key=lambda r: display_order(r.setting))]
-    lines.append("")
+    lines += ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
+    ordered = sorted(model.settings, key=lambda r: display_order(r.setting))
+    lines += [_setting_row(r, verdict.compile_s, gpu) for r in ordered]
     noise = "not measured (needs compile and compile-repeat)" if verdict.noise is None else f"{verdict.noise:.1%}"
-    lines.append(f"Noise (compile against compile (repeat)): {noise}.")
+    lines += ["", f"Noise (compile against compile (repeat)): {noise}."]
     if verdict.matched:
-        parts = [f"{e['setting']} **{e['ratio']:.3f}** (vs {e['reference']})" if e["ratio"] is not None
-                 else f"{e['setting']} - (no alternative this lean)" for e in verdict.matched]  # fmt: skip
-        lines.append("Time at matched memory: " + "; ".join(parts) + ".")
-    dominated = [f"{d['setting']} by {d['by']} (x{d['time_ratio']:.3f}{', beyond noise' if d['beyond_noise'] else ''})"
-                 for d in verdict.dominated]  # fmt: skip
-    if any(r.setting.family == CKPT for r in model.settings):
-        lines.append("Dominated ckpt points: " + ("; ".join(dominated) if dominated else "none") + ".")
+        lines += _ckpt_lines(verdict)
     if model.skipped:
         lines.append(f"Skipped for the time limit: {', '.join(model.skipped)}.")
     return lines + [""]
@@ -83,40 +109,44 @@ def _targets_section(targets: list[Target]) -> list[str]:
     lines.append("")
     for t in targets:
         if t.misses:
-            lines += [f"Points that miss \"{t.name}\":", ""] + [f"- {miss}" for miss in t.misses] + [""]
+            lines += [f'Points that miss "{t.name}":', ""] + [f"- {miss}" for miss in t.misses] + [""]
     if any(t.met is False for t in targets):
-        lines += ["Analysis of the misses: _to be written (graph nodes or cost-model terms responsible, and the fix)._", ""]
+        lines += ["Analysis of the misses: _to be written (the graph nodes or cost-model terms responsible, "
+                  "and the fix)._", ""]  # fmt: skip
     return lines
 
 
 def _summary(models: list[ModelResult], verdicts: list[ModelVerdict]) -> list[str]:
-    lines = ["| model | noise | time at matched memory (median) | ckpt 0.5 vs compile | ckpt points dominated beyond noise |",
-             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| model | noise | time at matched memory (median) | ckpt 0.5 vs compile | ckpt points dominated beyond noise |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for model, v in zip(models, verdicts):
         ratios = [e["ratio"] for e in v.matched if e["ratio"] is not None]
         median = statistics.median(ratios) if ratios else None
         half = next((r.step_s for r in model.settings if r.setting.key == "ckpt-0.5" and r.step_s), None)
         vs_compile = None if half is None or v.compile_s is None else half / v.compile_s
         beyond = sum(d["beyond_noise"] for d in v.dominated)
-        lines.append(f"| {model.title} | {_fmt(v.noise, '{:.1%}')} | {_fmt(median, '{:.3f}')} | {_fmt(vs_compile, '{:.3f}')} | {beyond} |")
+        cells = [model.title, _fmt(v.noise, "{:.1%}"), _fmt(median, "{:.3f}"), _fmt(vs_compile, "{:.3f}"), str(beyond)]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 
 
 def _markdown(meta: dict[str, Any], models: list[ModelResult], verdicts: list[ModelVerdict], targets: list[Target]) -> str:
     gpu = meta["device"] == "cuda"
-    lines = [f"# ckpt benchmarks: {meta['device_name']}", ""]
-    lines.append(f"Generated by `{meta['command']}` on {meta['date']}.")
-    lines.append(
+    lines = [
+        f"# ckpt benchmarks: {meta['device_name']}",
+        "",
+        f"Generated by `{meta['command']}` on {meta['date']}.",
         f"torch {meta['torch']}, {meta['dtype']}, model size `{meta['size']}`, median of {meta['rounds']} "
-        f"round-robin steps per setting{', CUDA-event timings' if gpu else ''}."
-    )
-    lines += ["", "A step is forward plus backward. Activation MiB: unique storages saved for the backward "
-              "(parameters and inputs left out). *step ms*: median, ± the interquartile range over the median. *vs compile*: step time over default torch.compile's "
-              "(mean of compile and its repeat). *compile s*: first step minus a timed step. *partition s*: "
-              "time in the partitioner (ckpt's or torch's min cut). *budget MiB*, *predicted MiB*: ckpt's cap "
-              "and its plan's bytes, summed over graphs."
-              + (" *peak MiB*: peak allocated during a step above what was allocated before it." if gpu else ""), ""]  # fmt: skip
-    lines += ["## Summary", ""] + _summary(models, verdicts) + _targets_section(targets)
+        f"round-robin steps per setting{', CUDA-event timings' if gpu else ''}.",
+        "",
+        _LEGEND + (_GPU_LEGEND if gpu else ""),
+        "",
+        "## Summary",
+        "",
+    ]
+    lines += _summary(models, verdicts) + _targets_section(targets)
     for model, verdict in zip(models, verdicts):
         lines += _model_section(model, verdict, gpu)
     if meta.get("interrupted"):
@@ -156,3 +186,40 @@ def write_results(out_dir: Path, stem: str, meta: dict[str, Any], models: list[M
     payload = {"meta": meta, "models": [_model_json(m, v) for m, v in zip(models, verdicts)], "targets": _jsonable(targets)}
     json_path.write_text(json.dumps(payload, indent=1, default=str) + "\n", encoding="utf-8")
     return [md_path, json_path]
+
+
+def load_results(path: Path) -> tuple[dict[str, Any], list[ModelResult]]:
+    """Read back a results JSON file written by :func:`write_results`."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    models = []
+    for m in data["models"]:
+        settings = []
+        for s in m["settings"]:
+            fields = {f.name for f in dataclasses.fields(SettingResult)} - {"setting"}
+            settings.append(SettingResult(SETTINGS[s["setting"]["key"]], **{k: s[k] for k in fields if k in s}))
+        names = ("name", "title", "transformer", "size", "params", "config", "skipped")
+        models.append(ModelResult(settings=settings, **{k: m[k] for k in names}))
+    return data["meta"], models
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.report RESULTS.json``: write the Markdown (and plot) again from the JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=main.__doc__)
+    parser.add_argument("json", type=Path, help="a results file written by python -m benchmarks.run")
+    parser.add_argument("--plot", choices=("yes", "no"), default="yes", help="draw the PNG again too")
+    args = parser.parse_args(argv)
+    meta, models = load_results(args.json)
+    written = write_results(args.json.parent, args.json.stem, meta, models)
+    if args.plot == "yes":
+        from benchmarks.plot import plot_results
+
+        title = f"step time against activation memory: {meta['device_name']}"
+        written.append(plot_results(models, args.json.with_suffix(".png"), title))
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
