@@ -149,13 +149,18 @@ def _branch_value(problem: Problem, fast: _Point, lean: _Point) -> int:
     return max(differing, key=lambda i: (problem.save_bytes[i], -i))
 
 
-def solve(problem: Problem, budget_bytes: int | None, *, time_limit: float = 0.5) -> Plan:
+def solve(
+    problem: Problem, budget_bytes: int | None, *, time_limit: float = 0.5, tolerance_ps: int = 0
+) -> Plan:
     """The least-time plan with saved bytes <= ``budget_bytes`` (None: no cap).
 
     If no plan fits the budget, returns the plan with the fewest bytes (and
     the least time among those), with ``over_budget`` true and
     ``minimum_bytes`` set.  ``time_limit`` bounds the repair search in seconds;
-    the price search itself always runs to completion.
+    the price search itself always runs to completion.  The repair search
+    stops early once no branch can beat the plan by more than
+    ``tolerance_ps`` picoseconds; ``lower_bound`` stays a proven bound either
+    way, and ``optimal`` means the plan reaches it.
     """
     started = _time.perf_counter()
     cutter = _Cutter(problem)
@@ -188,9 +193,12 @@ def solve(problem: Problem, budget_bytes: int | None, *, time_limit: float = 0.5
     nodes = 0
     timed_out = False
     deadline = started + time_limit
+    tolerance = tolerance_ps * cutter.scale
+    settled = incumbent.key  # least bound among branches dropped as within tolerance
     while heap and not timed_out:
         bound, _, force, forbid, relaxation = heapq.heappop(heap)
-        if bound >= incumbent.key:
+        if bound >= incumbent.key - tolerance:
+            settled = min(settled, bound)
             continue
         assert relaxation.fast is not None and relaxation.lean is not None
         value = _branch_value(problem, relaxation.fast, relaxation.lean)
@@ -215,11 +223,13 @@ def solve(problem: Problem, budget_bytes: int | None, *, time_limit: float = 0.5
             mixed = cutter.mix(child, budget_bytes)
             if mixed is not None and mixed.key < incumbent.key:
                 incumbent = mixed
-            if child.bound < incumbent.key:
+            if child.bound < incumbent.key - tolerance:
                 heapq.heappush(heap, (child.bound, next(counter), child_force, child_forbid, child))
+            else:
+                settled = min(settled, child.bound)
     open_bounds = [entry[0] for entry in heap if entry[0] < incumbent.key]
-    lower_key = min(open_bounds) if open_bounds else incumbent.key
-    optimal = not open_bounds
+    lower_key = min([settled, incumbent.key, *open_bounds])
+    optimal = lower_key >= incumbent.key
     if timed_out:
         log.debug(
             "repair search stopped after %.2fs and %d nodes; gap %.3g%%",
