@@ -138,12 +138,15 @@ def byte_cap(record: PartitionRecord) -> int | None:
     return record.budget_bytes
 
 
-def assert_within_budget(step: StepResult, graphs: int | None = None, *, total: bool = True) -> list[PartitionRecord]:
+def assert_within_budget(
+    step: StepResult, graphs: int | None = None, *, total: bool = True, calls: int = 1
+) -> list[PartitionRecord]:
     """The step's graphs were all planned by ckpt within their caps; with ``total``, so were the measured bytes.
 
     ``graphs``: how many joint graphs the step must have partitioned (None:
     at least one).  The measured bytes of the whole step must keep the sum of
-    the graphs' caps.
+    the graphs' caps, times ``calls`` when each graph ran that many times
+    before the backward (a cap holds per call).
     """
     records = list(step.records)
     if graphs is None:
@@ -152,7 +155,7 @@ def assert_within_budget(step: StepResult, graphs: int | None = None, *, total: 
         assert len(records) == graphs, f"expected {graphs} partitioned graphs, got {[r.graph for r in records]}"
     caps = [byte_cap(record) for record in records]
     if total and all(cap is not None for cap in caps):
-        cap_sum = sum(cap for cap in caps if cap is not None)
+        cap_sum = calls * sum(cap for cap in caps if cap is not None)
         assert step.saved_bytes <= cap_sum, f"measured {step.saved_bytes} B saved, budget {cap_sum} B"
     return records
 

@@ -151,3 +151,38 @@ def test_input_mutated_in_place():
         assert_runs_close(got, want)
         torch.testing.assert_close(compiled_inputs[0][1], eager_inputs[0][1])
         assert_within_budget(got[0], graphs=1)
+
+
+class TwoCalls(nn.Module):
+    """Calls the compiled module twice before one backward (a siamese loss): two forwards mutate in turn."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return 0.7 * self.inner(a) + self.inner(b)
+
+
+def _compile_inner(budget: str):
+    def compile_fn(model: TwoCalls) -> TwoCalls:
+        model.inner = ckpt_compile(model.inner, budget)
+        return model
+
+    return compile_fn
+
+
+@pytest.mark.parametrize("inner_class", [MutatedBufferRead, BatchNormNet])
+def test_two_forwards_before_one_backward(inner_class):
+    """Each backward uses the values of its own forward, though the second forward mutated the buffers again."""
+    torch.manual_seed(0)
+    model = TwoCalls(inner_class())
+    generator = torch.Generator().manual_seed(4)
+    batches = [[torch.randn(8, DIM, generator=generator, requires_grad=True) for _ in range(2)] for _ in range(2)]
+    want, eager_model = run_steps(model, batches, lr=0.1)
+    for budget in BUDGETS:
+        got, trained = run_steps(model, batches, compile_fn=_compile_inner(budget), lr=0.1)
+        assert_runs_close(got, want)
+        for (name, got_buffer), (_, want_buffer) in zip(trained.named_buffers(), eager_model.named_buffers()):
+            torch.testing.assert_close(got_buffer, want_buffer, msg=lambda m: f"budget {budget}, {name}: {m}")
+        assert_within_budget(got[0], graphs=1, calls=2)
