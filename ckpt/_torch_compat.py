@@ -393,3 +393,12 @@ def inductor_layout_optimization(gm: fx.GraphModule) -> bool:
     except (ImportError, AttributeError, TypeError, KeyError) as error:
         log.debug("cannot ask Inductor about layout optimisation (%s); assuming none", error)
         return False
+
+
+def rng_state_bytes(value: Any) -> int:
+    """Bytes of the generator state torch saves to replay a random op on ``value``'s device."""
+    tensors = [v for v in (value if isinstance(value, (tuple, list)) else [value]) if isinstance(v, torch.Tensor)]
+    device = tensors[0].device if tensors else torch.device("cpu")
+    if device.type == "cuda":
+        return int(torch.cuda.get_rng_state(device).numel())
+    return int(torch.get_rng_state().numel())

@@ -13,7 +13,10 @@ For each joint graph the partitioner runs, top to bottom:
 2. analyse it into a plain-data problem (:mod:`ckpt.partitioner.analysis`);
 3. solve it under the budget (:mod:`ckpt.partitioner.solver`);
 4. extract the forward and backward graphs (:mod:`ckpt.partitioner.extract`);
-5. finish them: no random op in the backward, then torch's own final steps.
+5. finish them: torch's own final steps (which make random ops that a
+   checkpoint region recomputes replay the forward's RNG state), then no other
+   random op may remain in the backward, and the backward must recompute
+   exactly what the plan says.
 
 If any step raises, the failure policy applies: one warning and torch's
 default partition, or, under ``CKPT_STRICT=1``, an error naming the graph.
@@ -42,7 +45,7 @@ from ckpt.config import Budget, CkptConfig
 from ckpt.cost_model.profiles import GPU_PROFILES, DeviceProfile, gpu_profile_for_name
 from ckpt.partitioner.analysis import JointAnalysis, analyze_joint, to_picoseconds
 from ckpt.partitioner.extract import extract_modules, verify_backward
-from ckpt.partitioner.plan import Plan
+from ckpt.partitioner.plan import Plan, make_plan
 from ckpt.partitioner.problem import ProblemError
 from ckpt.partitioner.solver import solve
 from ckpt.partitioner.symbolic import fit_fraction
@@ -188,11 +191,13 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             num_fwd_outputs=num_fwd_outputs,
             static_lifetime_input_nodes=compat.static_lifetime_input_nodes(gm, static_indices),
         )
-        bw_module = drop_dead_random_ops(bw_module)
-        verify_backward(bw_module, analysis, plan)
+        # torch's final steps first: they wrap random ops that a checkpoint region asks to
+        # recompute so that they replay the forward's RNG state.
         fw_module, bw_module = compat.finish_modules(
             gm, fw_module, bw_module, num_saved_sym_nodes=num_sym, has_recompute_rng=has_recompute_rng
         )
+        bw_module = drop_dead_random_ops(bw_module)
+        verify_backward(bw_module, analysis, plan)
         record = PartitionRecord(
             name, analysis, plan, self.config.budget, budget_bytes, self.profile, solve_seconds, torch_plan=torch_plan
         )
@@ -216,14 +221,9 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         plan = resolve(budget_bytes)
         fraction = self.config.budget.fraction
         if fraction is not None and budget_bytes is not None:
+            baseline = make_plan(analysis.problem, analysis.no_recompute_saved, "no-recompute", optimal=False)
             plan = fit_fraction(
-                plan,
-                fraction,
-                budget_bytes,
-                sorted(analysis.no_recompute_saved),
-                analysis.save_bytes_exprs,
-                analysis.size_hints,
-                resolve,
+                plan, fraction, budget_bytes, baseline, analysis.save_bytes_exprs, analysis.size_hints, resolve
             )
         return plan
 

@@ -126,6 +126,7 @@ def test_max_flow_small_network():
 def problems(draw, max_values: int = 12):
     n = draw(st.integers(2, max_values))
     inputs, needed, sizes, saves, recomputes, can_save, can_recompute = [], [], [], [], [], [], []
+    recompute_bytes = []
     num_inputs = draw(st.integers(1, min(3, n - 1)))
     for i in range(n):
         is_input = i < num_inputs
@@ -137,6 +138,7 @@ def problems(draw, max_values: int = 12):
         recomputes.append(0 if is_input else draw(st.sampled_from([0, 1, 5, 40, 300, 2000])))
         can_save.append(True if is_input else draw(st.booleans() | st.just(True)))
         can_recompute.append(False if is_input else draw(st.booleans() | st.just(True)))
+        recompute_bytes.append(0 if is_input else draw(st.sampled_from([0, 0, 0, 96])))
     return Problem(
         names=tuple(f"v{i}" for i in range(n)),
         inputs=tuple(inputs),
@@ -146,6 +148,7 @@ def problems(draw, max_values: int = 12):
         recompute_time=tuple(recomputes),
         can_save=tuple(can_save),
         can_recompute=tuple(can_recompute),
+        recompute_bytes=tuple(recompute_bytes),
     )
 
 
@@ -156,7 +159,7 @@ def test_random_problems_match_brute_force(p, fraction):
         with pytest.raises(ValueError, match="no feasible plan"):
             solve(p, None)
         return
-    budget = int(fraction * p.total_save_bytes)
+    budget = int(fraction * p.total_bytes)
     want = solve_exhaustive(p, budget)
     got = solve(p, budget, time_limit=30.0)
     if want is None:

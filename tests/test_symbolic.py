@@ -5,6 +5,7 @@ from __future__ import annotations
 import sympy
 
 from ckpt.partitioner import Problem, solve
+from ckpt.partitioner.plan import make_plan
 from ckpt.partitioner.symbolic import fit_fraction, sample_points, worst_ratio
 
 S = sympy.Symbol("s0", positive=True, integer=True)
@@ -42,7 +43,8 @@ def test_plan_chosen_at_the_hints_is_tightened_until_it_fits_at_every_size():
     # At the hints it saves b (256 B of 768 B), but b grows as s^2 and dominates at large s.
     assert plan.saved == (0, 2) or 2 in plan.saved
     assert worst_ratio(plan.saved, baseline, EXPRS, points) > fraction
-    fitted = fit_fraction(plan, fraction, cap, baseline, EXPRS, HINTS, lambda c: solve(problem, c))
+    no_recompute = make_plan(problem, {1, 2}, "no-recompute", optimal=False)
+    fitted = fit_fraction(plan, fraction, cap, no_recompute, EXPRS, HINTS, lambda c: solve(problem, c))
     assert worst_ratio(fitted.saved, baseline, EXPRS, points) <= fraction
     assert fitted.bytes <= cap
 
@@ -51,4 +53,5 @@ def test_static_sizes_are_left_alone():
     problem = _problem()
     plan = solve(problem, 400)
     static = tuple(problem.save_bytes)
-    assert fit_fraction(plan, 0.5, 400, [1, 2], static, {}, lambda c: solve(problem, c)) is plan
+    no_recompute = make_plan(problem, {1, 2}, "no-recompute", optimal=False)
+    assert fit_fraction(plan, 0.5, 400, no_recompute, static, {}, lambda c: solve(problem, c)) is plan

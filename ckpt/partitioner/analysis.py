@@ -53,7 +53,7 @@ from ckpt.cost_model.node_cost import (
 from ckpt.cost_model.ops import OpKind
 from ckpt.cost_model.profiles import DeviceProfile
 from ckpt.cost_model.roofline import compute_seconds, kernel_seconds, transfer_seconds
-from ckpt.partitioner.problem import Problem
+from ckpt.partitioner.problem import Problem, evaluate
 
 __all__ = ["JointAnalysis", "analyze_joint", "to_picoseconds"]
 
@@ -245,6 +245,7 @@ def analyze_joint(joint: fx.GraphModule, num_fwd_outputs: int, profile: DevicePr
     inputs: list[tuple[int, ...]] = []
     save_bytes: list[int] = []
     save_bytes_exprs: list[Size] = []
+    recompute_bytes: list[int] = []
     save_time: list[int] = []
     recompute_time: list[int] = []
     can_save: list[bool] = []
@@ -286,6 +287,9 @@ def analyze_joint(joint: fx.GraphModule, num_fwd_outputs: int, profile: DevicePr
         is_input = node.op == "placeholder" and node not in copied_inputs
         save_bytes.append(0 if is_input else nbytes)
         save_bytes_exprs.append(0 if is_input else nbytes_expr)
+        # A random op that a checkpoint region recomputes replays the forward's RNG state,
+        # which torch saves for the backward.
+        recompute_bytes.append(compat.rng_state_bytes(value) if kind is OpKind.RANDOM else 0)
         save_time.append(to_picoseconds(seconds_save))
         recompute_time.append(to_picoseconds(seconds_recompute))
         can_save.append(save_reason is None)
@@ -304,6 +308,7 @@ def analyze_joint(joint: fx.GraphModule, num_fwd_outputs: int, profile: DevicePr
         recompute_time=tuple(recompute_time),
         can_save=tuple(can_save),
         can_recompute=tuple(can_recompute),
+        recompute_bytes=tuple(recompute_bytes),
     )
     baseline = _no_recompute_plan(problem)
     return JointAnalysis(
@@ -311,7 +316,7 @@ def analyze_joint(joint: fx.GraphModule, num_fwd_outputs: int, profile: DevicePr
         nodes=tuple(ordered),
         estimates={n.name: e for n, e in estimates.items()},
         no_recompute_saved=baseline,
-        no_recompute_bytes=sum(problem.save_bytes[i] for i in baseline),
+        no_recompute_bytes=evaluate(problem, baseline)[1],
         fixed_seconds=_fixed_seconds(joint, estimates, kinds, users, profile),
         reasons=reasons,
         forward_names=frozenset(

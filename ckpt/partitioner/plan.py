@@ -32,6 +32,7 @@ class Plan:
     budget_bytes: int | None = None
     minimum_bytes: int | None = None
     price: tuple[int, int] | None = None  # (time weight, byte weight) of the last cut
+    price_per_byte: float | None = None  # λ: picoseconds of step time one byte is worth at the budget
     cuts: int = 0
     search_nodes: int = 0
 

@@ -10,6 +10,8 @@ order.  For each value ``i``:
 * ``save_time[i]``: time that saving costs: a write in the forward (when the
   value would otherwise stay inside a fused kernel) and a read in the backward;
 * ``recompute_time[i]``: extra time to compute it in the backward;
+* ``recompute_bytes[i]``: bytes that recomputing it keeps alive (the RNG state
+  saved so a checkpointed random op replays its draw; usually 0);
 * ``can_save[i]`` / ``can_recompute[i]``: hard constraints (random ops,
   collectives, mutations, user policies, values that are not tensors).
 
@@ -19,7 +21,8 @@ A plan is a set of saved values.  Everything the backward needs that is not
 saved is recomputed, and so, recursively, are the unsaved inputs of what is
 recomputed: :func:`recompute_closure`.  The plan's cost is the sum of
 ``save_time`` over saved values plus ``recompute_time`` over recomputed ones,
-and its memory is the sum of ``save_bytes`` over saved values.
+and its memory is the sum of ``save_bytes`` over saved values plus
+``recompute_bytes`` over recomputed ones.
 """
 
 from __future__ import annotations
@@ -45,10 +48,22 @@ class Problem:
     recompute_time: tuple[int, ...]
     can_save: tuple[bool, ...]
     can_recompute: tuple[bool, ...]
+    recompute_bytes: tuple[int, ...] = ()  # empty means all zero
 
     def __post_init__(self) -> None:
         n = len(self.names)
-        for field_name in ("inputs", "needed", "save_bytes", "save_time", "recompute_time", "can_save", "can_recompute"):
+        if not self.recompute_bytes:
+            object.__setattr__(self, "recompute_bytes", (0,) * n)
+        for field_name in (
+            "inputs",
+            "needed",
+            "save_bytes",
+            "save_time",
+            "recompute_time",
+            "can_save",
+            "can_recompute",
+            "recompute_bytes",
+        ):
             if len(getattr(self, field_name)) != n:
                 raise ProblemError(f"Problem.{field_name} has {len(getattr(self, field_name))} entries, expected {n}")
         for i, preds in enumerate(self.inputs):
@@ -58,7 +73,8 @@ class Problem:
                         f"Problem.inputs[{i}] ({self.names[i]}) lists {p}; inputs must come earlier in topological order"
                     )
         for i in range(n):
-            if self.save_bytes[i] < 0 or self.save_time[i] < 0 or self.recompute_time[i] < 0:
+            costs = (self.save_bytes[i], self.save_time[i], self.recompute_time[i], self.recompute_bytes[i])
+            if min(costs) < 0:
                 raise ProblemError(f"Problem value {self.names[i]} has a negative cost")
 
     def __len__(self) -> int:
@@ -67,6 +83,11 @@ class Problem:
     @property
     def total_save_bytes(self) -> int:
         return sum(self.save_bytes)
+
+    @property
+    def total_bytes(self) -> int:
+        """More than any plan's bytes: every value saved and recomputed at once."""
+        return sum(self.save_bytes) + sum(self.recompute_bytes)
 
     @functools.cached_property
     def needed_values(self) -> tuple[int, ...]:
@@ -108,5 +129,5 @@ def evaluate(problem: Problem, saved: Iterable[int]) -> tuple[int, int, frozense
     if bad:
         raise ProblemError(f"plan recomputes values that cannot be recomputed: {', '.join(bad)}")
     time = sum(problem.save_time[i] for i in saved_set) + sum(problem.recompute_time[i] for i in recomputed)
-    memory = sum(problem.save_bytes[i] for i in saved_set)
+    memory = sum(problem.save_bytes[i] for i in saved_set) + sum(problem.recompute_bytes[i] for i in recomputed)
     return time, memory, recomputed

@@ -67,11 +67,11 @@ class _Cutter:
     def __init__(self, problem: Problem) -> None:
         self.problem = problem
         self.network = CutNetwork(problem)
-        self.scale = problem.total_save_bytes + 1
+        self.scale = problem.total_bytes + 1
         self.cuts = 0
         m = self.scale
         self._save_key = [t * m + b for t, b in zip(problem.save_time, problem.save_bytes)]
-        self._recompute_key = [t * m for t in problem.recompute_time]
+        self._recompute_key = [t * m + b for t, b in zip(problem.recompute_time, problem.recompute_bytes)]
         self.big = sum(self._save_key) + sum(self._recompute_key) + 1
 
     def point(self, saved: frozenset[int]) -> _Point:
@@ -82,7 +82,7 @@ class _Cutter:
         self.cuts += 1
         problem = self.problem
         save_cost = [alpha * k + beta * b for k, b in zip(self._save_key, problem.save_bytes)]
-        recompute_cost = [alpha * k for k in self._recompute_key]
+        recompute_cost = [alpha * k + beta * b for k, b in zip(self._recompute_key, problem.recompute_bytes)]
         saved = self.network.saved_set(save_cost, recompute_cost, force_saved=force, forbid_saved=forbid)
         return None if saved is None else self.point(saved)
 
@@ -245,5 +245,6 @@ def solve(
         lower_bound=lower_key // cutter.scale,
         budget_bytes=budget_bytes,
         price=(root.fast.bytes - root.lean.bytes, root.lean.key - root.fast.key),
+        price_per_byte=(root.lean.key - root.fast.key) / (root.fast.bytes - root.lean.bytes) / cutter.scale,
         search_nodes=nodes,
     )

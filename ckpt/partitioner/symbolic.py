@@ -53,13 +53,22 @@ def _total(exprs: Sequence[Any], indices: Sequence[int], point: dict[Any, int]) 
 
 
 def worst_ratio(
-    saved: Sequence[int], baseline: Sequence[int], exprs: Sequence[Any], points: list[dict[Any, int]]
+    saved: Sequence[int],
+    baseline: Sequence[int],
+    exprs: Sequence[Any],
+    points: list[dict[Any, int]],
+    extra: int = 0,
+    baseline_extra: int = 0,
 ) -> float:
-    """The largest ``bytes(saved) / bytes(baseline)`` over the sample points."""
+    """The largest ``bytes(saved) / bytes(baseline)`` over the sample points.
+
+    ``extra`` and ``baseline_extra`` are size-independent bytes each plan keeps
+    besides its saved values (RNG states for replayed random ops).
+    """
     worst = 0.0
     for point in points:
-        denominator = _total(exprs, baseline, point)
-        numerator = _total(exprs, saved, point)
+        denominator = _total(exprs, baseline, point) + baseline_extra
+        numerator = _total(exprs, saved, point) + extra
         if denominator > 0:
             worst = max(worst, numerator / denominator)
         elif numerator > 0:
@@ -71,7 +80,7 @@ def fit_fraction(
     plan: Plan,
     fraction: float,
     budget_at_hints: int,
-    baseline: Sequence[int],
+    baseline: Plan,
     exprs: Sequence[Any],
     hints: dict[Any, int],
     resolve: Callable[[int], Plan],
@@ -88,9 +97,20 @@ def fit_fraction(
     if not symbols or plan.over_budget:
         return plan
     points = sample_points(hints, symbols)
+
+    def ratio_of(candidate: Plan) -> float:
+        return worst_ratio(
+            candidate.saved,
+            baseline.saved,
+            exprs,
+            points,
+            extra=_constant_bytes(candidate, exprs, hints),
+            baseline_extra=_constant_bytes(baseline, exprs, hints),
+        )
+
     cap = budget_at_hints
     for _ in range(_ROUNDS):
-        ratio = worst_ratio(plan.saved, baseline, exprs, points)
+        ratio = ratio_of(plan)
         if ratio <= fraction + 1e-12:
             return plan
         cap = min(cap - 1, int(cap * fraction / ratio))
@@ -102,7 +122,12 @@ def fit_fraction(
             break
     log.warning(
         "ckpt: under dynamic shapes the plan keeps up to %.3f of the no-recompute bytes at some sizes (budget %g)",
-        worst_ratio(plan.saved, baseline, exprs, points),
+        ratio_of(plan),
         fraction,
     )
     return plan
+
+
+def _constant_bytes(plan: Plan, exprs: Sequence[Any], hints: dict[Any, int]) -> int:
+    """The plan's bytes beyond its saved values, which do not depend on sizes."""
+    return plan.bytes - _total(exprs, plan.saved, hints)
