@@ -123,21 +123,7 @@ def test_checkpoint_regions(selective):
             assert saved_must_save > 0, f"budget {budget}: no MUST_SAVE matmul was saved"
 
 
-RANDOM_OP_TAGGED_RECOMPUTE = pytest.mark.xfail(
-    strict=True,
-    reason="analysis._recompute_constraint lets a random op tagged MUST/PREFER_RECOMPUTE (a checkpoint region) be "
-    "recomputed; backend._partition then runs drop_dead_random_ops before finish_modules' functionalize_rng_ops, "
-    "so the live native_dropout in the backward raises RandomInBackwardError (plain torch.compile matches eager)",
-)
-
-
-@pytest.mark.parametrize(
-    "selective",
-    [
-        pytest.param(False, id="checkpoint", marks=RANDOM_OP_TAGGED_RECOMPUTE),
-        pytest.param(True, id="selective_policy", marks=RANDOM_OP_TAGGED_RECOMPUTE),
-    ],
-)
+@pytest.mark.parametrize("selective", [False, True], ids=["checkpoint", "selective_policy"])
 def test_dropout_inside_checkpoint_regions_with_eager_rng(selective):
     """Eager's checkpoint replays the forward's RNG state; compiled, the masks and the RNG stream must match it."""
     torch.manual_seed(0)
