@@ -126,3 +126,48 @@ def test_cpu_calibration_is_cached(tmp_path, monkeypatch):
     assert first == second and len(calls) == 1
     assert first.peak_flops[0][1] > 1e8 and first.bandwidth > 1e8
     assert "measured on this machine" in first.source
+
+
+def test_transcendental_ops_are_priced_per_element_at_their_own_rate():
+    from ckpt.cost_model import elementwise_seconds
+
+    x = torch.randn(6, 10)
+    erf = _only(torch.erf, x)
+    mul = _only(lambda a: a * 3.0, x)
+    total = _only(lambda a: a.sum(), x)
+    assert erf.transcendental and not mul.transcendental
+    assert erf.elements == mul.elements == 60
+    assert total.elements == 60  # a reduction works on its input's elements
+    profile = DeviceProfile(
+        "test", (("fp32", 1e12),), bandwidth=1e11, kernel_overhead=0.0, source="test",
+        element_seconds=1e-10, transcendental_seconds=6e-10,
+    )  # fmt: skip
+    assert elementwise_seconds(profile, erf.elements, erf.transcendental) == pytest.approx(60 * 6e-10)
+    assert elementwise_seconds(profile, mul.elements, mul.transcendental) == pytest.approx(60 * 1e-10)
+
+
+def test_small_tensors_move_at_the_cache_rate():
+    from ckpt.cost_model import transfer_seconds
+
+    profile = DeviceProfile(
+        "test", (("fp32", 1e12),), bandwidth=1e10, kernel_overhead=0.0, source="test",
+        cache_bytes=2**20, cache_bandwidth=1e11,
+    )  # fmt: skip
+    assert transfer_seconds(profile, 2**20) == pytest.approx(2**20 / 1e11)
+    assert transfer_seconds(profile, 2**21) == pytest.approx(2**21 / 1e10)
+
+
+def test_convolutions_run_at_the_profile_efficiency():
+    from ckpt.cost_model import kernel_seconds
+
+    conv = _only(lambda a, b: torch.conv2d(a, b), torch.randn(2, 3, 8, 8), torch.randn(5, 3, 3, 3))
+    assert conv.convolution
+    profile = DeviceProfile("test", (("fp32", 1e9),), bandwidth=1e15, kernel_overhead=0.0, source="test", conv_efficiency=0.5)
+    assert kernel_seconds(profile, conv.flops, 0, efficiency=profile.conv_efficiency) == pytest.approx(2 * conv.flops / 1e9)
+
+
+def test_profile_rejects_missing_rates():
+    with pytest.raises(ValueError, match="fp32"):
+        DeviceProfile("bad", (("bf16", 1e12),), bandwidth=1e11, kernel_overhead=0.0, source="test")
+    with pytest.raises(ValueError, match="bandwidth"):
+        DeviceProfile("bad", (("fp32", 1e12),), bandwidth=0.0, kernel_overhead=0.0, source="test")

@@ -1,17 +1,25 @@
 """Measure this machine's CPU rates for the ``cpu`` profile, and cache them.
 
-The calibration times three things with the thread count torch uses:
+The calibration times, with the thread count torch uses:
 
-* an fp32 and a bf16 matmul of 1024 x 1024 (peak matrix FLOP/s);
-* a copy of a 64 MiB buffer (bytes read plus bytes written per second);
-* a tiny elementwise op (the fixed cost of one kernel).
+* an fp32 and a bf16 matmul of 512 x 512 (peak matrix FLOP/s), and a 3x3
+  channels-last convolution (the share of that rate convolutions reach);
+* copies of 64 MiB (memory bandwidth) and of 1 MiB (the cache tier), and
+  the largest copy size that still runs at least 1.5 times faster than
+  memory (the cache tier's size);
+* a multiply and an ``erf`` on a cache-resident buffer
+  (the per-element cost of simple and of transcendental fused work);
+* a tiny element-wise op (the fixed cost of one kernel).
 
-Each is the median of a few repetitions after a warm-up, and the whole run
-takes about a second.  The result is cached as JSON under the cache directory
-(``CKPT_CACHE_DIR``, else ``$XDG_CACHE_HOME/ckpt``, else ``~/.cache/ckpt``),
-keyed by CPU model, thread count and torch version.  A file lock makes
-processes that start together (for example the ranks of one job) share one
-measurement, so they plan alike.
+Compute rates are measured on one thread and multiplied by the thread count,
+since a parallel region waits for its slowest thread and one busy core would
+distort the reading.  Each figure is the fastest of a few repetitions after a
+warm-up: other work on the machine can only add time, so the minimum is the
+least disturbed reading.  The whole run takes about a second.  The result is cached as JSON
+under the cache directory (``CKPT_CACHE_DIR``, else ``$XDG_CACHE_HOME/ckpt``,
+else ``~/.cache/ckpt``), keyed by CPU model, thread count and torch version.
+A file lock makes processes that start together (for example the ranks of one
+job) share one measurement, so they plan alike.
 """
 
 from __future__ import annotations
@@ -22,7 +30,6 @@ import json
 import logging
 import os
 import platform
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,7 +42,7 @@ __all__ = ["cache_dir", "calibrate_cpu", "cpu_profile"]
 
 log = logging.getLogger(__name__)
 
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
 
 
 def cache_dir(environ: dict[str, str] | None = None) -> Path:
@@ -62,14 +69,14 @@ def _machine_key() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
+def _fastest_seconds(fn: Callable[[], object], repeats: int) -> float:
     fn()
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return min(samples)
 
 
 def _round(value: float) -> float:
@@ -77,30 +84,73 @@ def _round(value: float) -> float:
     return float(f"{value:.3g}")
 
 
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _copy_bandwidth(nbytes: int, repeats: int) -> float:
+    """Bytes read plus written per second by a copy: the better of one thread and all of them."""
+    src = torch.empty(nbytes // 4)
+    dst = torch.empty_like(src)
+    best = _fastest_seconds(lambda: dst.copy_(src), repeats)
+    with _one_thread():
+        best = min(best, _fastest_seconds(lambda: dst.copy_(src), repeats))
+    return 2 * nbytes / best
+
+
+def _per_element(fn: Callable[[torch.Tensor, torch.Tensor], object], elements: int = 16384) -> float:
+    src = torch.rand(elements) + 0.5
+    dst = torch.empty_like(src)
+    return _fastest_seconds(lambda: fn(src, dst), 50) / elements
+
+
 def calibrate_cpu() -> DeviceProfile:
     """Measure the CPU rates now (about a second) and return the profile."""
-    n = 1024
-    a = torch.randn(n, n)
-    b = torch.randn(n, n)
-    fp32 = 2 * n**3 / _median_seconds(lambda: torch.mm(a, b), 5)
-    a16, b16 = a.bfloat16(), b.bfloat16()
-    bf16 = 2 * n**3 / _median_seconds(lambda: torch.mm(a16, b16), 5)
-    src = torch.empty(16 * 2**20)  # 64 MiB of fp32
-    dst = torch.empty_like(src)
-    copy_seconds = _median_seconds(lambda: dst.copy_(src), 5)
-    bandwidth = 2 * src.numel() * src.element_size() / copy_seconds
+    threads = torch.get_num_threads()
+    # Compute rates are measured on one thread and scaled by the thread count: a parallel
+    # region waits for its slowest thread, so one busy core would distort the reading.
+    with _one_thread():
+        n = 512
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        fp32 = threads * 2 * n**3 / _fastest_seconds(lambda: torch.mm(a, b), 5)
+        a16, b16 = a.bfloat16(), b.bfloat16()
+        bf16 = threads * 2 * n**3 / _fastest_seconds(lambda: torch.mm(a16, b16), 5)
+        x = torch.randn(4, 64, 28, 28).contiguous(memory_format=torch.channels_last)
+        w = torch.randn(64, 64, 3, 3).contiguous(memory_format=torch.channels_last)
+        conv_flops = 2 * 4 * 64 * 28 * 28 * 64 * 9
+        conv = threads * conv_flops / _fastest_seconds(lambda: torch.conv2d(x, w, padding=1), 5)
+        simple = _per_element(lambda src, dst: torch.mul(src, 1.0001, out=dst)) / threads
+        transcendental = _per_element(lambda src, dst: torch.erf(src, out=dst)) / threads
+    bandwidth = _copy_bandwidth(64 * 2**20, 5)
+    cache_bandwidth = _copy_bandwidth(2**20, 20)
+    cache_bytes = 0
+    for size in (2**18, 2**20, 2**22, 2**24):
+        if _copy_bandwidth(size, 10) >= 1.5 * bandwidth:
+            cache_bytes = size
     tiny = torch.empty(256)
     tiny_out = torch.empty_like(tiny)
-    overhead = _median_seconds(lambda: torch.add(tiny, tiny, out=tiny_out), 200)
+    overhead = _fastest_seconds(lambda: torch.add(tiny, tiny, out=tiny_out), 200)
     return DeviceProfile(
         name="cpu",
         peak_flops=(("fp32", _round(fp32)), ("bf16", _round(bf16)), ("fp16", _round(bf16)), ("fp64", _round(fp32 / 2))),
         bandwidth=_round(bandwidth),
         kernel_overhead=_round(overhead),
         source=(
-            f"measured on this machine ({_cpu_model()}, {torch.get_num_threads()} threads): "
-            "1024x1024 fp32/bf16 matmul, 64 MiB copy, tiny elementwise op"
+            f"measured on this machine ({_cpu_model()}, {threads} threads): 512x512 fp32/bf16 matmul, 3x3 "
+            "convolution, multiply and erf (one thread, scaled by the thread count), 64 MiB and 1 MiB copies, "
+            "tiny element-wise op"
         ),
+        element_seconds=_round(simple),
+        transcendental_seconds=_round(max(transcendental, simple)),
+        cache_bytes=cache_bytes,
+        cache_bandwidth=_round(cache_bandwidth) if cache_bytes else 0.0,
+        conv_efficiency=_round(min(1.0, conv / fp32)),
     )
 
 
@@ -120,18 +170,25 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+_FIELDS = ("name", "bandwidth", "kernel_overhead", "source", "element_seconds", "transcendental_seconds",
+           "cache_bytes", "cache_bandwidth", "conv_efficiency")
+
+
 def _load(path: Path) -> DeviceProfile | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         return DeviceProfile(
-            name=data["name"],
             peak_flops=tuple((str(k), float(v)) for k, v in data["peak_flops"]),
-            bandwidth=float(data["bandwidth"]),
-            kernel_overhead=float(data["kernel_overhead"]),
-            source=str(data["source"]),
+            **{name: data[name] for name in _FIELDS},
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _dump(profile: DeviceProfile) -> str:
+    data = {name: getattr(profile, name) for name in _FIELDS}
+    data["peak_flops"] = [list(item) for item in profile.peak_flops]
+    return json.dumps(data, indent=2)
 
 
 def cpu_profile(*, recalibrate: bool = False) -> DeviceProfile:
@@ -145,19 +202,7 @@ def cpu_profile(*, recalibrate: bool = False) -> DeviceProfile:
                 log.info("ckpt: calibrating the cpu profile (about a second); cached at %s", path)
                 profile = calibrate_cpu()
                 tmp = path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(
-                    json.dumps(
-                        {
-                            "name": profile.name,
-                            "peak_flops": list(profile.peak_flops),
-                            "bandwidth": profile.bandwidth,
-                            "kernel_overhead": profile.kernel_overhead,
-                            "source": profile.source,
-                        },
-                        indent=2,
-                    ),
-                    encoding="utf-8",
-                )
+                tmp.write_text(_dump(profile), encoding="utf-8")
                 os.replace(tmp, path)
             return profile
     except OSError as error:  # read-only home, full disk: measure without caching

@@ -22,7 +22,7 @@ import torch.utils._pytree as pytree
 from ckpt import _torch_compat as compat
 from ckpt.cost_model.ops import OpKind, classify
 
-__all__ = ["NodeEstimate", "Size", "SizeEvaluator", "dtype_class", "estimate_node", "tensor_values"]
+__all__ = ["NodeEstimate", "Size", "SizeEvaluator", "is_transcendental", "dtype_class", "estimate_node", "tensor_values"]
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +133,31 @@ def flops_expr(node: fx.Node, kind: OpKind) -> Size:
     return sum((numel_expr(t) for t in outputs), 0)
 
 
+# Element-wise ops that cost several times a multiply: their per-element price is the
+# profile's transcendental rate.
+_TRANSCENDENTAL = frozenset(
+    {
+        "erf", "erfc", "erfinv", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "tanh", "sigmoid",
+        "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh",
+        "pow", "lgamma", "digamma", "gelu", "silu", "softplus", "mish", "logit", "inductor_random",
+    }
+)  # fmt: skip
+
+
+def is_transcendental(node: fx.Node) -> bool:
+    name = getattr(getattr(node.target, "overloadpacket", node.target), "__name__", "")
+    return name in _TRANSCENDENTAL or name.startswith("special_")
+
+
 @dataclass(frozen=True)
 class NodeEstimate:
-    """What executing one node costs, before any roofline."""
+    """What executing one node costs, before any roofline.
+
+    ``elements`` is the element-wise work of a fused op (output elements, or
+    input elements for a reduction); ``transcendental`` says it is priced at
+    the transcendental rate; ``convolution`` says a library call is a
+    convolution (priced at the profile's convolution efficiency).
+    """
 
     kind: OpKind
     flops: int
@@ -144,6 +166,9 @@ class NodeEstimate:
     dtype_class: str
     flops_expr: Size
     bytes_written_expr: Size
+    elements: int = 0
+    transcendental: bool = False
+    convolution: bool = False
 
 
 def estimate_node(node: fx.Node, sizes: SizeEvaluator) -> NodeEstimate:
@@ -163,6 +188,13 @@ def estimate_node(node: fx.Node, sizes: SizeEvaluator) -> NodeEstimate:
         first_inputs = tensor_values(node.all_input_nodes[0].meta.get("val"))
         if first_inputs:
             dtype = first_inputs[0].dtype
+    elements = 0
+    if kind in (OpKind.FUSIBLE, OpKind.RANDOM):
+        inputs = [v for a in node.all_input_nodes for v in tensor_values(a.meta.get("val"))]
+        is_reduction = isinstance(node.target, torch._ops.OpOverload) and torch.Tag.reduction in node.target.tags
+        counted = inputs[:1] if is_reduction and inputs else outputs
+        elements = sizes(sum((numel_expr(t) for t in counted), 0))
+    packet = getattr(node.target, "overloadpacket", None)
     return NodeEstimate(
         kind=kind,
         flops=sizes(flops),
@@ -171,4 +203,7 @@ def estimate_node(node: fx.Node, sizes: SizeEvaluator) -> NodeEstimate:
         dtype_class=dtype_class(dtype),
         flops_expr=flops,
         bytes_written_expr=written,
+        elements=elements,
+        transcendental=is_transcendental(node),
+        convolution=getattr(packet, "__name__", "").startswith("convolution"),
     )

@@ -1,17 +1,31 @@
 """Device profiles: the rates behind the roofline.
 
-Each profile gives a peak matrix throughput per dtype class, a memory
-bandwidth and a fixed per-kernel overhead.  Where a figure was measured, the
-profile says so in ``source``; otherwise it is a datasheet figure.
+A profile gives:
+
+* peak matrix throughput per dtype class (matmul, attention), and the
+  fraction of it convolutions reach;
+* the cost per element of work fused into a kernel: simple arithmetic, and
+  transcendental functions (``exp``, ``erf``, ``tanh``...), which cost several
+  times more;
+* memory bandwidth, with a higher rate for tensors small enough to stay in
+  cache;
+* a fixed overhead per launched kernel.
+
+Where a figure was measured, the profile says so in ``source``; otherwise it
+is a datasheet figure.
 
 GPU profiles:
 
 * ``h200``: measured on an H200 (bf16 matmul about 790 TFLOP/s, device copy
-  about 4.3 TB/s).  fp32 runs at the TF32 datasheet rate scaled by the same
-  measured/datasheet ratio as bf16.
+  about 4.3 TB/s).  fp32 matmul runs at the TF32 datasheet rate scaled by the
+  same measured/datasheet ratio as bf16.
 * ``h100``, ``a100``: datasheet figures (SXM parts, dense tensor cores),
-  scaled by the H200's measured/datasheet ratio for bf16 (0.80) and copy (0.90),
-  since datasheet peaks are not reached in practice.
+  scaled by the H200's measured/datasheet ratios for bf16 (0.80) and copy (0.90).
+* On every GPU, element-wise work is charged at the datasheet fp32 CUDA-core
+  rate (transcendentals at a quarter of it, the special-function units'
+  share), and convolutions at the matmul rate; these are datasheet figures,
+  not measurements.  They matter little: on these GPUs fused element-wise work
+  is bound by memory traffic, which the bandwidth term covers.
 
 The ``cpu`` profile is measured on the machine itself by
 :mod:`ckpt.cost_model.calibrate` and cached.
@@ -29,8 +43,13 @@ class DeviceProfile:
     """Roofline rates for one device.
 
     ``peak_flops`` maps a dtype class (``"fp32"``, ``"bf16"``, ``"fp16"``,
-    ``"fp64"``) to FLOP/s; ``bandwidth`` is bytes/s for a read or a write;
-    ``kernel_overhead`` is seconds per launched kernel.
+    ``"fp64"``) to matrix FLOP/s; ``bandwidth`` is bytes/s for a read or a
+    write of a large tensor, ``cache_bandwidth`` the same for tensors of at
+    most ``cache_bytes`` (0: no cache tier); ``kernel_overhead`` is seconds per
+    launched kernel; ``element_seconds`` and ``transcendental_seconds`` are
+    seconds per element of fused work (0: one FLOP per element at the fp32
+    matrix rate); ``conv_efficiency`` is the share of the matrix rate that
+    convolutions reach.
     """
 
     name: str
@@ -38,55 +57,88 @@ class DeviceProfile:
     bandwidth: float
     kernel_overhead: float
     source: str
+    element_seconds: float = 0.0
+    transcendental_seconds: float = 0.0
+    cache_bytes: int = 0
+    cache_bandwidth: float = 0.0
+    conv_efficiency: float = 1.0
+
+    def __post_init__(self) -> None:
+        rates = dict(self.peak_flops)
+        if "fp32" not in rates:
+            raise ValueError(f"DeviceProfile {self.name!r}: peak_flops needs an 'fp32' entry, got {sorted(rates)}")
+        for field_name in ("bandwidth", "conv_efficiency"):
+            if not getattr(self, field_name) > 0:
+                raise ValueError(f"DeviceProfile {self.name!r}: {field_name} must be > 0")
 
     def flops_per_second(self, dtype_class: str) -> float:
         rates = dict(self.peak_flops)
         return rates.get(dtype_class, rates["fp32"])
 
+    def bytes_per_second(self, nbytes: int) -> float:
+        """The bandwidth for moving one tensor of ``nbytes``."""
+        if self.cache_bytes and self.cache_bandwidth and nbytes <= self.cache_bytes:
+            return self.cache_bandwidth
+        return self.bandwidth
+
+    def seconds_per_element(self, transcendental: bool) -> float:
+        simple = self.element_seconds or 1.0 / self.flops_per_second("fp32")
+        if transcendental:
+            return self.transcendental_seconds or 4.0 * simple
+        return simple
+
     def key(self) -> str:
         """A stable text that identifies the rates, for cache keys."""
         rates = ",".join(f"{k}={v:.4g}" for k, v in self.peak_flops)
-        return f"{self.name}:{rates}:bw={self.bandwidth:.4g}:ovh={self.kernel_overhead:.4g}"
+        return (
+            f"{self.name}:{rates}:bw={self.bandwidth:.4g}:ovh={self.kernel_overhead:.4g}"
+            f":el={self.element_seconds:.4g}:tr={self.transcendental_seconds:.4g}"
+            f":cache={self.cache_bytes}@{self.cache_bandwidth:.4g}:conv={self.conv_efficiency:.4g}"
+        )
 
 
 _BF16_EFFICIENCY = 790e12 / 989e12  # measured / datasheet, H200
 _COPY_EFFICIENCY = 4.3e12 / 4.8e12  # measured / datasheet, H200
 
+
+def _gpu(name: str, bf16: float, tf32: float, fp32_cores: float, fp64: float, bandwidth: float, source: str) -> DeviceProfile:
+    return DeviceProfile(
+        name=name,
+        peak_flops=(("bf16", bf16), ("fp16", bf16), ("fp32", tf32), ("fp64", fp64)),
+        bandwidth=bandwidth,
+        kernel_overhead=4e-6,
+        source=source,
+        element_seconds=1.0 / fp32_cores,
+        transcendental_seconds=4.0 / fp32_cores,
+    )
+
+
 GPU_PROFILES: dict[str, DeviceProfile] = {
-    "h200": DeviceProfile(
-        name="h200",
-        peak_flops=(
-            ("bf16", 790e12),
-            ("fp16", 790e12),
-            ("fp32", 494e12 * _BF16_EFFICIENCY),
-            ("fp64", 67e12),
-        ),
+    "h200": _gpu(
+        "h200",
+        bf16=790e12,
+        tf32=494e12 * _BF16_EFFICIENCY,
+        fp32_cores=67e12,
+        fp64=67e12,
         bandwidth=4.3e12,
-        kernel_overhead=4e-6,
-        source="measured: bf16 matmul 790 TFLOP/s and device copy 4.3 TB/s on an H200; fp32 and fp64 datasheet",
+        source="measured: bf16 matmul 790 TFLOP/s and device copy 4.3 TB/s on an H200; other rates datasheet",
     ),
-    "h100": DeviceProfile(
-        name="h100",
-        peak_flops=(
-            ("bf16", 989e12 * _BF16_EFFICIENCY),
-            ("fp16", 989e12 * _BF16_EFFICIENCY),
-            ("fp32", 494e12 * _BF16_EFFICIENCY),
-            ("fp64", 67e12),
-        ),
+    "h100": _gpu(
+        "h100",
+        bf16=989e12 * _BF16_EFFICIENCY,
+        tf32=494e12 * _BF16_EFFICIENCY,
+        fp32_cores=67e12,
+        fp64=67e12,
         bandwidth=3.35e12 * _COPY_EFFICIENCY,
-        kernel_overhead=4e-6,
         source="datasheet (H100 SXM), scaled by the H200's measured/datasheet ratios",
     ),
-    "a100": DeviceProfile(
-        name="a100",
-        peak_flops=(
-            ("bf16", 312e12 * _BF16_EFFICIENCY),
-            ("fp16", 312e12 * _BF16_EFFICIENCY),
-            ("fp32", 156e12 * _BF16_EFFICIENCY),
-            ("fp64", 19.5e12),
-        ),
+    "a100": _gpu(
+        "a100",
+        bf16=312e12 * _BF16_EFFICIENCY,
+        tf32=156e12 * _BF16_EFFICIENCY,
+        fp32_cores=19.5e12,
+        fp64=19.5e12,
         bandwidth=2.04e12 * _COPY_EFFICIENCY,
-        kernel_overhead=5e-6,
         source="datasheet (A100 SXM 80GB), scaled by the H200's measured/datasheet ratios",
     ),
 }

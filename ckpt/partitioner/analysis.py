@@ -23,7 +23,8 @@ regions and selective-checkpoint policies).
 
 * saving: the backward reads the tensor; the forward also writes it if it
   would otherwise stay inside a fused kernel;
-* recomputing a fusible op: its arithmetic only, because Inductor fuses it
+* recomputing a fusible op: its per-element arithmetic only (transcendental
+  functions at their own, higher rate), because Inductor fuses it
   into the backward kernel that consumes it and the chain's inputs are read
   there (charged to those inputs); if a consumer is a library call (matmul,
   convolution), the value must be materialised: a write, a read and a launch;
@@ -52,7 +53,7 @@ from ckpt.cost_model.node_cost import (
 )
 from ckpt.cost_model.ops import OpKind
 from ckpt.cost_model.profiles import DeviceProfile
-from ckpt.cost_model.roofline import compute_seconds, kernel_seconds, transfer_seconds
+from ckpt.cost_model.roofline import elementwise_seconds, kernel_seconds, transfer_seconds
 from ckpt.partitioner.problem import Problem, evaluate
 
 __all__ = ["JointAnalysis", "analyze_joint", "to_picoseconds"]
@@ -275,13 +276,11 @@ def analyze_joint(joint: fx.GraphModule, num_fwd_outputs: int, profile: DevicePr
         if not in_forward or estimate is None or kind is OpKind.GETITEM:
             seconds_recompute = 0.0
         elif fusible:
-            seconds_recompute = compute_seconds(profile, estimate.flops, estimate.dtype_class)
+            seconds_recompute = elementwise_seconds(profile, estimate.elements, estimate.transcendental)
             if extern_user:
                 seconds_recompute += 2 * transfer_seconds(profile, estimate.bytes_written) + profile.kernel_overhead
         else:
-            seconds_recompute = kernel_seconds(
-                profile, estimate.flops, estimate.bytes_read + estimate.bytes_written, estimate.dtype_class
-            )
+            seconds_recompute = _library_call_seconds(profile, estimate)
         # A graph input is available to the backward for free (only its read costs time),
         # unless Inductor hands the backward a converted copy of it.
         is_input = node.op == "placeholder" and node not in copied_inputs
@@ -368,6 +367,13 @@ def _no_recompute_plan(problem: Problem) -> frozenset[int]:
     return frozenset(saved)
 
 
+def _library_call_seconds(profile: DeviceProfile, estimate: NodeEstimate) -> float:
+    efficiency = profile.conv_efficiency if estimate.convolution else 1.0
+    return kernel_seconds(
+        profile, estimate.flops, estimate.bytes_read + estimate.bytes_written, estimate.dtype_class, efficiency
+    )
+
+
 def _fixed_seconds(
     joint: fx.GraphModule,
     estimates: dict[fx.Node, NodeEstimate],
@@ -382,9 +388,9 @@ def _fixed_seconds(
         if kind in (OpKind.VIEW, OpKind.GETITEM, OpKind.OTHER):
             continue
         if kind not in _FUSIBLE_KINDS:
-            total += kernel_seconds(profile, estimate.flops, estimate.bytes_read + estimate.bytes_written, estimate.dtype_class)
+            total += _library_call_seconds(profile, estimate)
             continue
-        total += compute_seconds(profile, estimate.flops, estimate.dtype_class)
+        total += elementwise_seconds(profile, estimate.elements, estimate.transcendental)
         node_users = users.get(node, [])
         if not node_users or any(kinds[u] not in _FUSIBLE_KINDS or u.op == "output" for u in node_users):
             total += 2 * transfer_seconds(profile, estimate.bytes_written) + profile.kernel_overhead
