@@ -120,7 +120,8 @@ def test_recomputed_pointwise_chain_fuses_into_the_consuming_backward_kernel():
 
     torch.manual_seed(0)
     model, x = PointwiseChain(), torch.randn(8, 16)
-    compiled = torch.compile(model, backend="ckpt")
+    # Budget 0 saves nothing, so the chain is recomputed whatever the device's rates.
+    compiled = torch.compile(model, backend="ckpt", options={"memory_budget": "0"})
 
     def step():
         compiled(x).backward()
