@@ -6,7 +6,7 @@ the package is installed.  See the README for the environment variables.
 
 __version__ = "0.1.0"
 
-_LAZY = {"explain": "ckpt.explain", "pareto": "ckpt.pareto"}
+_LAZY = {"explain": "ckpt.explainer", "pareto": "ckpt.tradeoff"}
 
 
 def __getattr__(name: str):

@@ -77,7 +77,7 @@ def _model(parser: argparse.ArgumentParser, spec: str) -> tuple:
 def _explain(args: argparse.Namespace) -> int:
     import json
 
-    from ckpt.explain import explain
+    from ckpt.explainer import explain
 
     model, inputs = _model(args.parser, args.factory)
     report = explain(model, *inputs, budget=args.budget)
@@ -86,7 +86,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _pareto(args: argparse.Namespace) -> int:
-    from ckpt.pareto import _require_matplotlib, pareto
+    from ckpt.tradeoff import _require_matplotlib, pareto
 
     try:
         _require_matplotlib()
@@ -99,7 +99,7 @@ def _pareto(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from ckpt.pareto import validate_time_model
+    from ckpt.tradeoff import validate_time_model
 
     model, inputs = _model(args.parser, args.factory)
     print(validate_time_model(model, *inputs, budgets=args.budgets, steps=max(args.steps, 2), statistic=args.statistic))

@@ -203,7 +203,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         )
         log.debug("ckpt graph %r plan fingerprint %s", name, record.fingerprint)
         if self.config.explain is not None:
-            from ckpt.explain import emit_explain
+            from ckpt.explainer import emit_explain
 
             emit_explain(record, self.config.explain)
         _publish(record)

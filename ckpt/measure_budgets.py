@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ckpt.explain import check_model, clone_inputs, compile_options, fresh_entry, loss_of
+from ckpt.explainer import check_model, clone_inputs, compile_options, fresh_entry, loss_of
 from ckpt.report import plan_totals
 
 __all__ = ["STATISTICS", "Measurement", "measure_budgets"]

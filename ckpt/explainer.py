@@ -23,7 +23,6 @@ import copy
 import json
 import logging
 import re
-import sys
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -201,18 +200,3 @@ def explain(
         measured_bytes=saved.bytes,
         loss=LOSS_RULE,
     )
-
-
-class _CallableModule(types.ModuleType):
-    """``ckpt.explain`` names both this module and the function: the module calls the function.
-
-    Importing a submodule sets the package attribute to the module, so without
-    this ``ckpt.explain(model, x)`` would stop working once anything imported
-    ``ckpt.explain`` (the backend does, under ``CKPT_EXPLAIN``).
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> ExplainReport:
-        return explain(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

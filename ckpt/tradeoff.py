@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
-import types
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -307,13 +305,3 @@ def validate_time_model(
             delta_recompute_fused=fused * 1e-12,
         ))
     return TimeValidation(base, tuple(checks), statistic)
-
-
-class _CallableModule(types.ModuleType):
-    """``ckpt.pareto`` names both this module and the function (see :mod:`ckpt.explain`)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> ParetoResult:
-        return pareto(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
