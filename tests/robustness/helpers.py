@@ -29,6 +29,7 @@ __all__ = [
     "bytes_at_sizes",
     "ckpt_compile",
     "error_chain",
+    "floor_fraction",
     "run_steps",
 ]
 
@@ -60,28 +61,28 @@ def run_steps(
     loss_fn: Loss | None = None,
     seed: int | None = None,
     lr: float = 0.0,
-    copy_model: bool = True,
     used_inputs: list[list[Any]] | None = None,
     prepare_inputs: Callable[[list[Any]], None] | None = None,
 ) -> tuple[list[StepResult], torch.nn.Module]:
-    """One forward and backward per batch on one copy of ``model``; returns the steps and the model.
+    """One forward and backward per batch on a deep copy of ``model``; returns the steps and the copy.
 
-    ``compile_fn`` turns the model into the callable to run (None: eager).
-    ``loss_fn`` reduces the callable's outputs to the loss outside the compiled
-    region and outside the byte measurement (None: the callable returns the
-    loss).  ``seed`` seeds the global RNG once, before the first step, so later
-    steps see whatever state the earlier ones left.  With ``lr > 0`` each step
-    ends with plain SGD on the parameters.  Gradients are reset before each
-    step; inputs are fresh clones, so an input the model mutates starts equal
-    for every run; ``used_inputs``, if given, receives them, so a test can
-    read what the model wrote into them; ``prepare_inputs``, if given, is
-    called on them first (``torch._dynamo.mark_dynamic``, which a clone does
-    not carry over).  The compile caches are off, so each
+    * ``compile_fn`` turns the copy into the callable to run (None: eager).
+    * ``loss_fn`` reduces the callable's outputs to the loss, outside the
+      compiled region and outside the byte measurement (None: the callable
+      returns the loss).
+    * ``seed`` seeds the global RNG once, before the first step, so later steps
+      see whatever state the earlier ones left.
+    * With ``lr > 0`` each step ends with plain SGD on the parameters.
+    * Inputs are fresh clones, so an input the model mutates starts equal for
+      every run.  ``prepare_inputs`` is called on them first (for
+      ``torch._dynamo.mark_dynamic``, which a clone does not carry over);
+      ``used_inputs`` receives them, so a test can read what the model wrote.
+
+    Gradients are reset before each step.  The compile caches are off, so each
     compile runs the partitioner and leaves a record.
     """
     torch.compiler.reset()
-    if copy_model:
-        model = copy.deepcopy(model)
+    model = copy.deepcopy(model)
     fn = model if compile_fn is None else compile_fn(model)
     if seed is not None:
         torch.manual_seed(seed)
@@ -102,7 +103,8 @@ def run_steps(
                 loss = outputs if loss_fn is None else loss_fn(outputs)
             loss.backward()
             grads = [p.grad for p in model.parameters()] + [x.grad for x in tensors if x.requires_grad]
-            steps.append(StepResult(loss.detach(), [g.clone() if g is not None else None for g in grads], saved.bytes, records))
+            grads = [g.clone() if g is not None else None for g in grads]
+            steps.append(StepResult(loss.detach(), grads, saved.bytes, records))
             if lr > 0:
                 with torch.no_grad():
                     for parameter in model.parameters():

@@ -99,10 +99,13 @@ def _check_one_plan_at_every_size(model: nn.Module, budget: str, mode: str, size
     if mode == "dynamic_true":
         got, _ = run_steps(model, batches, compile_fn=lambda m: ckpt_compile(m, budget, dynamic=True))
     else:
-        got, _ = run_steps(model, batches, compile_fn=lambda m: ckpt_compile(m, budget), prepare_inputs=_mark_batch_and_seq)
+        got, _ = run_steps(
+            model, batches, compile_fn=lambda m: ckpt_compile(m, budget), prepare_inputs=_mark_batch_and_seq
+        )
     assert_runs_close(got, want)
     # One Dynamo graph and one partition for all sizes: the plan added no guard that forces a recompile.
-    assert counters["stats"]["unique_graphs"] == 1, f"budget {budget}: Dynamo compiled {counters['stats']['unique_graphs']} graphs"
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs == 1, f"budget {budget}: Dynamo compiled {graphs} graphs"
     (record,) = assert_within_budget(got[0], graphs=1)
     assert all(not step.records for step in got[1:]), f"budget {budget}: a later size was partitioned again"
     fraction = None if budget == "none" else float(budget)

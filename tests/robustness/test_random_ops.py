@@ -63,7 +63,9 @@ def _batches(steps: int = 2) -> list[list[torch.Tensor]]:
     return [[torch.randn(8, DIM, generator=generator, requires_grad=True)] for _ in range(steps)]
 
 
-@pytest.mark.parametrize("noise_of_dropout_output", [False, True], ids=["noise_of_activation", "noise_of_dropout_output"])
+@pytest.mark.parametrize(
+    "noise_of_dropout_output", [False, True], ids=["noise_of_activation", "noise_of_dropout_output"]
+)
 def test_fallback_random_matches_eager_and_leaves_the_same_rng_state(noise_of_dropout_output):
     """With eager's RNG in Inductor, two steps draw the same masks as eager and leave the generator where eager does.
 
@@ -84,7 +86,9 @@ def test_fallback_random_matches_eager_and_leaves_the_same_rng_state(noise_of_dr
             assert_within_budget(got[0], graphs=1)
 
 
-def _gradient_from_forward_draws(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+def _gradient_from_forward_draws(
+    x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, noise: torch.Tensor
+) -> torch.Tensor:
     """d/dw of sum(sin(y) * noise) for y = dropout(tanh(x * w)), with the mask read off the forward's y."""
     keep = (y != 0).to(x.dtype)
     w = w.detach().clone().requires_grad_(True)
@@ -103,7 +107,9 @@ def _check_mask_reuse(model: MaskProbe, x: torch.Tensor) -> None:
             outputs.append(out)
             return out[2]
 
-        (step,), trained = run_steps(model, [[x]], compile_fn=lambda m: ckpt_compile(m, budget), loss_fn=loss_of, seed=7)
+        (step,), trained = run_steps(
+            model, [[x]], compile_fn=lambda m: ckpt_compile(m, budget), loss_fn=loss_of, seed=7
+        )
         ((y, noise, _),) = outputs
         assert 0 < int((y == 0).sum()) < y.numel(), "the probe must drop some elements and keep others"
         want = _gradient_from_forward_draws(x, trained.w, y, noise)
@@ -121,7 +127,7 @@ def test_backward_uses_the_mask_drawn_in_the_forward(fallback_random):
 
 
 def test_inductor_rng_matches_default_compile_over_two_steps():
-    """With Inductor's RNG, ckpt at every budget gives default torch.compile's exact losses and gradients, step after step.
+    """With Inductor's RNG, ckpt at every budget gives default torch.compile's exact losses and gradients.
 
     Inductor draws one seed tensor per graph call from the global generator,
     so equal results on the second step also mean the first step left the
@@ -141,7 +147,7 @@ def test_inductor_rng_matches_default_compile_over_two_steps():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: functionalised (philox) RNG")
 def test_functionalized_rng_on_gpu_may_recompute_dropout():
-    """On CUDA torch replays dropout from a saved philox seed and offset; recomputing it must reuse the forward's mask."""
+    """On CUDA torch replays dropout from a saved philox seed and offset: a recompute must reuse the forward's mask."""
     import torch._functorch.config as functorch_config
 
     torch.manual_seed(0)

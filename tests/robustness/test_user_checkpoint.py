@@ -97,7 +97,10 @@ def _input() -> torch.Tensor:
 
 
 def _assert_policy_kept(record) -> int:
-    """No value tagged to be saved is recomputed, none tagged to be recomputed is saved; returns the MUST_SAVE count saved."""
+    """Nothing tagged to be saved is recomputed, nothing tagged to be recomputed is saved.
+
+    Returns how many MUST_SAVE values the plan saves.
+    """
     nodes = record.analysis.nodes
     saved_must_save = 0
     for index in record.plan.saved:
