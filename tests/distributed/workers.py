@@ -1,0 +1,149 @@
+"""What each rank runs: FSDP2 and DDP training under ``backend="ckpt"``.
+
+Each worker runs several scenarios one after the other in the same process
+group (a process start and ``import torch`` cost more than a scenario), and
+returns, per scenario, the steps (global loss, gathered gradients, saved
+bytes), the plan summaries, every rank's fingerprints (gathered with
+``dist.all_gather_object``) and the fingerprints the backend logged.
+
+Compile caches are off while a scenario runs, so the partitioner runs for
+every graph and leaves a record, and Dynamo is reset between scenarios.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ckpt import _torch_compat as compat
+from ckpt.backend import record_partitions
+from ckpt.measure import saved_activations
+from tests.distributed.launch import progress
+from tests.distributed.models import LR, Step, global_batches, make_net
+from tests.distributed.rank_tools import (
+    PlanSummary,
+    fingerprint_log,
+    gather,
+    global_loss,
+    saved_activation_bytes,
+    summarize,
+)
+
+__all__ = ["DDP_DIM", "FSDP_DIM", "Outcome", "ddp_worker", "fsdp_worker"]
+
+FSDP_DIM = 16
+# torch.compile's DDP optimizer requires buckets of at least DDP's first bucket (1 MiB), so each
+# block's weights are 1 MiB: with bucket_cap_mb=1 the model is split into several graphs.
+DDP_DIM = 512
+DDP_BUCKET_MB = 1
+
+
+@dataclass
+class Outcome:
+    """One scenario on one rank."""
+
+    steps: list[Step]
+    plans: list[PlanSummary]
+    fingerprints: list[list[tuple[str, str | None]]]  # every rank's (graph, fingerprint) pairs, in rank order
+    logged: list[tuple[str, str]]  # (graph, fingerprint) from the backend's DEBUG log on this rank
+
+
+def _options(budget: str) -> dict[str, str]:
+    return {"memory_budget": budget}
+
+
+def _train(
+    name: str,
+    rank: int,
+    world_size: int,
+    model: nn.Module,
+    step_fn: Any,
+    batches: list[torch.Tensor],
+    full_grad: Any,
+    measure: Any,
+) -> Outcome:
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    steps = []
+    with fingerprint_log() as logged, compat.compile_caches_disabled(), record_partitions() as records:
+        for index, batch in enumerate(batches):
+            progress(f"{name}: step {index}")
+            local = batch.chunk(world_size)[rank]
+            with measure(model, local) as saved:
+                loss = step_fn(local)
+            loss.backward()
+            grads = {n: full_grad(p.grad) for n, p in model.named_parameters()}
+            steps.append(Step(global_loss(loss, world_size), grads, saved.bytes))
+            optimizer.step()
+            optimizer.zero_grad()
+    plans = summarize(records)
+    fingerprints = gather([(plan.graph, plan.fingerprint) for plan in plans], world_size)
+    return Outcome(steps, plans, fingerprints, list(logged))
+
+
+def _fsdp_scenario(name: str, rank: int, world_size: int, wrapping: str, budget: str) -> Outcome:
+    from torch.distributed.fsdp import fully_shard
+
+    torch.compiler.reset()
+    model = make_net(FSDP_DIM)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    if wrapping == "model":
+        step_fn = torch.compile(model, backend="ckpt", options=_options(budget))
+    elif wrapping == "blocks":
+        for block in model.blocks:
+            block.compile(backend="ckpt", options=_options(budget))
+        step_fn = model
+    else:
+        raise ValueError(f"unknown FSDP wrapping {wrapping!r}")
+    return _train(
+        name,
+        rank,
+        world_size,
+        model,
+        step_fn,
+        global_batches(FSDP_DIM),
+        full_grad=lambda grad: grad.full_tensor(),
+        measure=saved_activation_bytes,
+    )
+
+
+def fsdp_worker(rank: int, world_size: int, scenarios: list[tuple[str, str, str]]) -> dict[str, Outcome]:
+    """FSDP2 (``fully_shard`` on every block and the root), compiled whole or per block."""
+    outcomes = {}
+    for name, wrapping, budget in scenarios:
+        outcomes[name] = _fsdp_scenario(name, rank, world_size, wrapping, budget)
+        dist.barrier()
+    return outcomes
+
+
+def _ddp_scenario(name: str, rank: int, world_size: int, budget: str) -> Outcome:
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.compiler.reset()
+    model = make_net(DDP_DIM)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=DDP_BUCKET_MB)
+    step_fn = torch.compile(ddp, backend="ckpt", options=_options(budget))
+    return _train(
+        name,
+        rank,
+        world_size,
+        model,
+        step_fn,
+        global_batches(DDP_DIM),
+        full_grad=lambda grad: grad.detach().clone(),
+        measure=saved_activations,
+    )
+
+
+def ddp_worker(rank: int, world_size: int, scenarios: list[tuple[str, str]]) -> dict[str, Outcome]:
+    """DDP with a small bucket cap, compiled whole: Dynamo's DDP optimizer splits the graph at buckets."""
+    outcomes = {}
+    for name, budget in scenarios:
+        outcomes[name] = _ddp_scenario(name, rank, world_size, budget)
+        dist.barrier()
+    return outcomes
