@@ -140,4 +140,7 @@ def run_ranks(fn: Callable[..., Any], *args: Any, timeout: float, world_size: in
             raise RankFailed(f"{fn.__name__} failed (first seen on rank {error.error_index}):{details}") from None
         finally:
             _stop(context.processes)
+            for path in context.error_files:  # torch leaves a rank's traceback file behind
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
         return [torch.load(Path(directory) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
