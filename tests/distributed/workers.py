@@ -50,6 +50,7 @@ class Outcome:
     plans: list[PlanSummary]
     fingerprints: list[list[tuple[str, str | None]]]  # every rank's (graph, fingerprint) pairs, in rank order
     logged: list[tuple[str, str]]  # (graph, fingerprint) from the backend's DEBUG log on this rank
+    library_saved: int | str | None = None  # ckpt.measure.saved_activations(model, batch) after training, or its error
 
 
 def _options(budget: str) -> dict[str, str]:
@@ -84,6 +85,17 @@ def _train(
     return Outcome(steps, plans, fingerprints, list(logged))
 
 
+def _library_measure(model: nn.Module, step_fn: Any, batch: torch.Tensor) -> int | str:
+    """What ``ckpt.measure.saved_activations`` counts for one more step (both ranks fail alike, before any collective)."""
+    try:
+        with saved_activations(model, batch) as saved:
+            loss = step_fn(batch)
+    except RuntimeError as error:
+        return f"{type(error).__name__}: {error}"
+    loss.backward()
+    return saved.bytes
+
+
 def _fsdp_scenario(name: str, rank: int, world_size: int, wrapping: str, budget: str) -> Outcome:
     from torch.distributed.fsdp import fully_shard
 
@@ -100,16 +112,19 @@ def _fsdp_scenario(name: str, rank: int, world_size: int, wrapping: str, budget:
         step_fn = model
     else:
         raise ValueError(f"unknown FSDP wrapping {wrapping!r}")
-    return _train(
+    batches = global_batches(FSDP_DIM)
+    outcome = _train(
         name,
         rank,
         world_size,
         model,
         step_fn,
-        global_batches(FSDP_DIM),
+        batches,
         full_grad=lambda grad: grad.full_tensor(),
         measure=saved_activation_bytes,
     )
+    outcome.library_saved = _library_measure(model, step_fn, batches[0].chunk(world_size)[rank])
+    return outcome
 
 
 def fsdp_worker(rank: int, world_size: int, scenarios: list[tuple[str, str, str]]) -> dict[str, Outcome]:
