@@ -135,7 +135,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         digest = hashlib.sha256()
         digest.update(ckpt.__version__.encode())
         digest.update(repr(self.config.budget).encode())
-        digest.update(repr(self.config.solver_time_limit).encode())
+        digest.update(repr(self.config.solver_effort).encode())
         digest.update(self.profile.key().encode())
         digest.update(compat.hash_for_files(_package_files()))
         return digest.hexdigest()
@@ -216,7 +216,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         tolerance = to_picoseconds(analysis.fixed_seconds * 5e-3)
 
         def resolve(cap: int | None) -> Plan:
-            return solve(analysis.problem, cap, time_limit=self.config.solver_time_limit, tolerance_ps=tolerance)
+            return solve(analysis.problem, cap, effort=self.config.solver_effort, tolerance_ps=tolerance)
 
         plan = resolve(budget_bytes)
         fraction = self.config.budget.fraction

@@ -33,7 +33,7 @@ ENV_VARS: dict[str, str] = {
     "device": "CKPT_DEVICE",
     "strict": "CKPT_STRICT",
     "explain": "CKPT_EXPLAIN",
-    "solver_time_limit": "CKPT_SOLVER_TIME_LIMIT",
+    "solver_effort": "CKPT_SOLVER_EFFORT",
 }
 OPTION_KEYS: tuple[str, ...] = tuple(ENV_VARS)
 
@@ -170,14 +170,17 @@ def _parse_explain(value: Any, source: str) -> str | None:
     return text
 
 
-def _parse_time_limit(value: Any, source: str) -> float:
+def _parse_effort(value: Any, source: str) -> float:
     try:
-        seconds = float(value)
+        effort = float(value)
     except (TypeError, ValueError):
-        seconds = float("nan")
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise ValueError(f"{source}={value!r} is not a valid time limit; give a number of seconds >= 0")
-    return seconds
+        effort = float("nan")
+    if not (math.isfinite(effort) and effort >= 0):
+        raise ValueError(
+            f"{source}={value!r} is not a valid solver effort; give a number >= 0 "
+            "(1 is the default, 0 skips the repair search)"
+        )
+    return effort
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,7 @@ class CkptConfig:
     device: str | None = None  # device profile name; None picks it from the graph
     strict: bool = False
     explain: str | None = None  # None, "log", or a directory for reports
-    solver_time_limit: float = 0.5  # seconds for the repair search per graph
+    solver_effort: float = 1.0  # work for the repair search per graph (deterministic, not seconds)
 
     @classmethod
     def from_sources(
@@ -218,6 +221,6 @@ class CkptConfig:
         strict = parse_bool(value, source) if value is not None else False
         value, source = pick("explain")
         explain = _parse_explain(value, source)
-        value, source = pick("solver_time_limit")
-        limit = _parse_time_limit(value, source) if value is not None else cls.solver_time_limit
-        return cls(budget=budget, device=device, strict=strict, explain=explain, solver_time_limit=limit)
+        value, source = pick("solver_effort")
+        effort = _parse_effort(value, source) if value is not None else cls.solver_effort
+        return cls(budget=budget, device=device, strict=strict, explain=explain, solver_effort=effort)

@@ -166,7 +166,7 @@ def explain(
     ``budget`` takes the forms of ``CKPT_MEMORY_BUDGET`` (``"none"``, a fraction
     such as ``0.3``, or a size such as ``"800MB"``); None reads the environment
     as the backend does.  ``options`` passes other ckpt options (``device``,
-    ``solver_time_limit``).  The model is deep-copied and the inputs cloned, so
+    ``solver_effort``).  The model is deep-copied and the inputs cloned, so
     neither is changed.  Dynamo is reset first.  The step differentiates
     :data:`LOSS_RULE`.
     """

@@ -50,19 +50,19 @@ class CurvePoint:
         return self.fixed_seconds + self.extra_ps * 1e-12
 
 
-def _point(records: Sequence[Any], budget: Any, time_limit: float) -> CurvePoint:
+def _point(records: Sequence[Any], budget: Any, effort: float) -> CurvePoint:
     from ckpt.partitioner.solver import solve
 
     nbytes = extra = 0
     fixed = 0.0
     for record in records:
         analysis = record.analysis
-        plan = solve(analysis.problem, budget.resolve(analysis.no_recompute_bytes), time_limit=time_limit)
+        plan = solve(analysis.problem, budget.resolve(analysis.no_recompute_bytes), effort=effort)
         nbytes, extra, fixed = nbytes + plan.bytes, extra + plan.time, fixed + analysis.fixed_seconds
     return CurvePoint(str(budget), nbytes, extra, fixed)
 
 
-def predicted_curve(records: Sequence[Any], *, points: int = 41, time_limit: float = 0.2) -> list[CurvePoint]:
+def predicted_curve(records: Sequence[Any], *, points: int = 41, effort: float = 0.4) -> list[CurvePoint]:
     """Predicted bytes and time at no cap and at ``points`` fractions from 1 to 0, without recompiling."""
     from ckpt.config import Budget
 
@@ -72,7 +72,7 @@ def predicted_curve(records: Sequence[Any], *, points: int = 41, time_limit: flo
     if isinstance(points, bool) or not isinstance(points, int) or points < 2:
         raise ValueError(f"points={points!r} is too few; give an integer >= 2")
     budgets = [Budget()] + [Budget(fraction=1 - i / (points - 1)) for i in range(points)]
-    return [_point(records, b, time_limit) for b in budgets]
+    return [_point(records, b, effort) for b in budgets]
 
 
 def _require_matplotlib() -> Any:
@@ -205,7 +205,7 @@ def pareto(
     measured = measure_budgets(model, example_inputs, measured_budgets, steps=steps, options=options)
     records = next(m.records for m in measured if m.budget == str(chosen_budget))
     curve = predicted_curve(records, points=points)
-    chosen = _point(records, chosen_budget, time_limit=0.5)
+    chosen = _point(records, chosen_budget, effort=1.0)
     result = ParetoResult(str(chosen_budget), chosen, tuple(curve), tuple(measured), None, statistic)
     if path is not None:
         result = dataclasses.replace(result, path=str(plot_pareto(result, path)))

@@ -73,7 +73,7 @@ def test_budgets_walk_down_monotonically_to_the_minimum(name):
     assert full > 0
     previous_bytes, previous_time = None, None
     for fraction in (1.0, 0.75, 0.5, 0.25, 0.1, 0.0):
-        plan = solve(problem, int(fraction * full), time_limit=5.0)
+        plan = solve(problem, int(fraction * full), effort=1000.0)
         assert plan.bytes <= int(fraction * full) or plan.over_budget
         if previous_bytes is not None:
             assert plan.bytes <= previous_bytes

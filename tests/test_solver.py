@@ -77,7 +77,7 @@ def test_named_graphs_match_brute_force_across_budgets(name):
     p = NAMED[name]
     for budget in [None, *range(0, p.total_save_bytes + 50, 25)]:
         want = solve_exhaustive(p, budget)
-        got = solve(p, budget, time_limit=10.0)
+        got = solve(p, budget, effort=1000.0)
         if want is None:
             assert got.over_budget and got.minimum_bytes == got.bytes
             continue
@@ -86,13 +86,13 @@ def test_named_graphs_match_brute_force_across_budgets(name):
 
 
 def test_chain_recomputes_the_cheap_op_and_saves_the_matmul():
-    plan = solve(CHAIN, 200, time_limit=10.0)
+    plan = solve(CHAIN, 200, effort=1000.0)
     names = {CHAIN.names[i] for i in plan.saved}
     assert "b" in names and "a" not in names
 
 
 def test_budget_below_minimum_returns_the_leanest_plan():
-    plan = solve(RANDOM, 0, time_limit=10.0)
+    plan = solve(RANDOM, 0, effort=1000.0)
     assert plan.over_budget
     assert plan.minimum_bytes == 25  # only the mask has to stay
     assert {RANDOM.names[i] for i in plan.saved} == {"x", "mask"}
@@ -161,7 +161,7 @@ def test_random_problems_match_brute_force(p, fraction):
         return
     budget = int(fraction * p.total_bytes)
     want = solve_exhaustive(p, budget)
-    got = solve(p, budget, time_limit=30.0)
+    got = solve(p, budget, effort=1000.0)
     if want is None:
         assert got.over_budget and got.bytes == got.minimum_bytes == _minimum_bytes(p)
         return
@@ -189,7 +189,7 @@ def test_smaller_budget_never_saves_more(p):
         return
     previous = None
     for fraction in (1.0, 0.75, 0.5, 0.25, 0.1, 0.0):
-        plan = solve(p, int(fraction * p.total_save_bytes), time_limit=30.0)
+        plan = solve(p, int(fraction * p.total_save_bytes), effort=1000.0)
         if previous is not None:
             assert plan.bytes <= previous
         previous = plan.bytes
@@ -200,5 +200,5 @@ def test_plans_are_deterministic(p):
     if solve_exhaustive(p, None) is None:
         return
     budget = p.total_save_bytes // 3
-    first, second = solve(p, budget, time_limit=30.0), solve(p, budget, time_limit=30.0)
+    first, second = solve(p, budget, effort=1000.0), solve(p, budget, effort=1000.0)
     assert first.saved == second.saved and first.fingerprint(p) == second.fingerprint(p)

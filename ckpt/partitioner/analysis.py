@@ -180,10 +180,10 @@ def _recompute_constraint(node: fx.Node, kind: OpKind, graph: _Graph, kinds: dic
     if node.op != "call_function":
         return f"{node.op} node"
     tag = compat.recompute_tag(node)
+    if kind is OpKind.COLLECTIVE:  # before the tag: torch tags every untagged collective MUST_SAVE
+        return None if tag == "recompute" else "collective"
     if tag == "save":
         return "tagged MUST_SAVE/PREFER_SAVE"
-    if kind is OpKind.COLLECTIVE:
-        return None if tag == "recompute" else "collective"
     if kind is OpKind.RANDOM:
         return None if tag == "recompute" else "random op (draws from the global RNG)"
     if kind is OpKind.MUTATION:

@@ -49,6 +49,10 @@ class CutNetwork:
         self._network = network
         self._dependency_edges = network.num_edges - 3 * n
 
+    @property
+    def num_edges(self) -> int:
+        return self._network.num_edges
+
     def saved_set(
         self,
         save_cost: Sequence[int],

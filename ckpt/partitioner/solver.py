@@ -21,7 +21,11 @@ three steps, all on min cuts from :mod:`ckpt.partitioner.min_cut`:
    the two hull points treat differently (force it saved / forbid saving it),
    bound every branch with its own price search, and prune by the bound.  On
    small graphs it finishes and proves optimality; on large ones it stops at
-   the time limit with the best plan found, which is always within budget.
+   its work limit with the best plan found, which is always within budget.
+
+The work limit counts flow-network edges processed by the min cuts, never
+seconds, so the same graph gets the same plan on a fast machine and a slow
+one: every rank of a distributed job must make the same decisions.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import time as _time
+import math
 from dataclasses import dataclass
 
 from ckpt.partitioner.min_cut import CutNetwork
@@ -37,7 +41,11 @@ from ckpt.partitioner.plan import Plan
 from ckpt.partitioner.problem import Problem, evaluate
 from ckpt.partitioner.repair import mix_plans
 
-__all__ = ["solve"]
+__all__ = ["WORK_PER_EFFORT", "solve"]
+
+# Min-cut work (edges processed) that effort 1.0 buys the repair search: about a third of
+# a second of Python on one CPU core, whatever the graph's size.
+WORK_PER_EFFORT = 200_000
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +77,7 @@ class _Cutter:
         self.network = CutNetwork(problem)
         self.scale = problem.total_bytes + 1
         self.cuts = 0
+        self.work = 0
         m = self.scale
         self._save_key = [t * m + b for t, b in zip(problem.save_time, problem.save_bytes)]
         self._recompute_key = [t * m + b for t, b in zip(problem.recompute_time, problem.recompute_bytes)]
@@ -80,6 +89,7 @@ class _Cutter:
 
     def cut(self, alpha: int, beta: int, force: frozenset[int], forbid: frozenset[int]) -> _Point | None:
         self.cuts += 1
+        self.work += self.network.num_edges
         problem = self.problem
         save_cost = [alpha * k + beta * b for k, b in zip(self._save_key, problem.save_bytes)]
         recompute_cost = [alpha * k + beta * b for k, b in zip(self._recompute_key, problem.recompute_bytes)]
@@ -100,9 +110,9 @@ class _Cutter:
         return None if mixed is None else self.point(mixed)
 
     def relax(
-        self, budget: int | None, force: frozenset[int], forbid: frozenset[int], deadline: float = float("inf")
+        self, budget: int | None, force: frozenset[int], forbid: frozenset[int], work_limit: float = math.inf
     ) -> _Relaxation | None:
-        """The price search under constraints; None if ``deadline`` passed before it finished."""
+        """The price search under constraints; None if the work reached ``work_limit`` before it finished."""
         fast = self.cut(1, 0, force, forbid)
         if fast is None:
             return _Relaxation("infeasible")
@@ -113,7 +123,7 @@ class _Cutter:
         if lean.bytes > budget:
             return _Relaxation("infeasible", lean=lean)
         while True:
-            if _time.perf_counter() > deadline:
+            if self.work >= work_limit:
                 return None
             alpha = fast.bytes - lean.bytes
             beta = lean.key - fast.key
@@ -149,20 +159,22 @@ def _branch_value(problem: Problem, fast: _Point, lean: _Point) -> int:
     return max(differing, key=lambda i: (problem.save_bytes[i], -i))
 
 
-def solve(
-    problem: Problem, budget_bytes: int | None, *, time_limit: float = 0.5, tolerance_ps: int = 0
-) -> Plan:
+def solve(problem: Problem, budget_bytes: int | None, *, effort: float = 1.0, tolerance_ps: int = 0) -> Plan:
     """The least-time plan with saved bytes <= ``budget_bytes`` (None: no cap).
 
     If no plan fits the budget, returns the plan with the fewest bytes (and
     the least time among those), with ``over_budget`` true and
-    ``minimum_bytes`` set.  ``time_limit`` bounds the repair search in seconds;
-    the price search itself always runs to completion.  The repair search
+    ``minimum_bytes`` set.  ``effort`` bounds the repair search's work
+    (``effort * WORK_PER_EFFORT`` edges processed by min cuts; 0 skips the
+    branch and bound); the price search at the root always runs to
+    completion.  The plan depends on the problem and these arguments only,
+    never on the machine's speed.  The repair search
     stops early once no branch can beat the plan by more than
     ``tolerance_ps`` picoseconds; ``lower_bound`` stays a proven bound either
     way, and ``optimal`` means the plan reaches it.
     """
-    started = _time.perf_counter()
+    if effort < 0:
+        raise ValueError(f"solve: effort={effort!r} must be >= 0")
     cutter = _Cutter(problem)
     empty: frozenset[int] = frozenset()
     root = cutter.relax(budget_bytes, empty, empty)
@@ -191,11 +203,11 @@ def solve(
         (root.bound, next(counter), empty, empty, root)
     ]
     nodes = 0
-    timed_out = False
-    deadline = started + time_limit
+    out_of_work = False
+    work_limit = cutter.work + effort * WORK_PER_EFFORT
     tolerance = tolerance_ps * cutter.scale
     settled = incumbent.key  # least bound among branches dropped as within tolerance
-    while heap and not timed_out:
+    while heap and not out_of_work and cutter.work < work_limit:
         bound, _, force, forbid, relaxation = heapq.heappop(heap)
         if bound >= incumbent.key - tolerance:
             settled = min(settled, bound)
@@ -204,11 +216,11 @@ def solve(
         value = _branch_value(problem, relaxation.fast, relaxation.lean)
         for child_force, child_forbid in ((force | {value}, forbid), (force, forbid | {value})):
             nodes += 1
-            child = cutter.relax(budget_bytes, child_force, child_forbid, deadline)
+            child = cutter.relax(budget_bytes, child_force, child_forbid, work_limit)
             if child is None:
-                # Out of time: this branch stays open with its parent's bound.
+                # Out of work: this branch stays open with its parent's bound.
                 heapq.heappush(heap, (bound, next(counter), force, forbid, relaxation))
-                timed_out = True
+                out_of_work = True
                 break
             if child.status == "infeasible":
                 continue
@@ -230,10 +242,10 @@ def solve(
     open_bounds = [entry[0] for entry in heap if entry[0] < incumbent.key]
     lower_key = min([settled, incumbent.key, *open_bounds])
     optimal = lower_key >= incumbent.key
-    if timed_out:
+    if out_of_work:
         log.debug(
-            "repair search stopped after %.2fs and %d nodes; gap %.3g%%",
-            _time.perf_counter() - started,
+            "repair search stopped at its work limit after %d cuts and %d nodes; gap %.3g%%",
+            cutter.cuts,
             nodes,
             100.0 * (incumbent.key - lower_key) / max(incumbent.key, 1),
         )
