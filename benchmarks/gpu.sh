@@ -10,15 +10,21 @@
 # that would not fit; a hard timeout interrupts it after that, and it still writes the models that
 # finished.
 #
+# After the runner, a one-GPU FSDP2 run (python -m benchmarks.fsdp, world size 1 on nccl) compares
+# default torch.compile with ckpt at 0.5 under fully_shard, within FSDP_LIMIT seconds.
+#
 # Knobs (environment): MODELS (default gpt2,llama), SETTINGS (default: the 'gpu' group),
-# LIMIT (default 390 seconds for the runner's schedule), PYTHON (default python3).
-# Files under $OUT: <gpu>.md, <gpu>.json, <gpu>.png (e.g. h200.*), run.log, env.txt.
+# LIMIT (default 230 seconds for the runner's schedule), FSDP_LIMIT (default 140), PYTHON
+# (default python3).
+# Files under $OUT: <gpu>.md, <gpu>.json, <gpu>.png (e.g. h200.*), fsdp-<gpu>.md, run.log,
+# fsdp.log, env.txt.
 set -uo pipefail
 : "${OUT:?set OUT to the directory that receives the results}"
 PYTHON=${PYTHON:-python3}
 MODELS=${MODELS:-gpt2,llama}
 SETTINGS=${SETTINGS:-gpu}
-LIMIT=${LIMIT:-390}
+LIMIT=${LIMIT:-230}
+FSDP_LIMIT=${FSDP_LIMIT:-140}
 
 mkdir -p "$OUT"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
@@ -45,10 +51,16 @@ PY
 } >"$OUT/env.txt" 2>&1
 
 # The runner stops starting work after LIMIT seconds; INT after LIMIT+45 makes it write what finished
-# and exit; KILL 15 seconds later is the last resort. Worst case about 7.5 minutes in all.
+# and exit; KILL 15 seconds later is the last resort. With the FSDP2 run after it, the worst case is
+# about 7.5 minutes in all.
 timeout --signal=INT --kill-after=15 $((LIMIT + 45)) \
     "$PYTHON" -m benchmarks.run --device cuda --models "$MODELS" --settings "$SETTINGS" \
     --time-limit "$LIMIT" --plot auto --out "$OUT" "$@" 2>&1 | tee "$OUT/run.log"
 status=${PIPESTATUS[0]}
 echo "benchmarks.run exited with status $status" | tee -a "$OUT/run.log"
-exit "$status"
+
+timeout --signal=INT --kill-after=15 $((FSDP_LIMIT + 10)) \
+    "$PYTHON" -m benchmarks.fsdp --device cuda --size gpu --timeout "$FSDP_LIMIT" --out "$OUT" 2>&1 | tee "$OUT/fsdp.log"
+fsdp_status=${PIPESTATUS[0]}
+echo "benchmarks.fsdp exited with status $fsdp_status" | tee -a "$OUT/fsdp.log"
+exit $((status != 0 ? status : fsdp_status))
