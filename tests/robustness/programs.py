@@ -8,7 +8,8 @@ stacks: fan-out (a value read by several steps), fan-in (two-input steps,
 slices concatenated), shared subexpressions (a step repeated verbatim, which
 CSE merges), long pointwise chains, reductions broadcast back, views and
 transposes, matmuls, and Linear layers for parameters.  The loss sums a
-smooth function of every value no step reads.
+smooth function of every value no step reads, so every value reaches it;
+the first step reads the first input, which requires grad.
 
 The ops are smooth where it matters (no comparisons that a rounding
 difference could flip), so eager and compiled gradients agree to float64
@@ -154,6 +155,10 @@ def _step(draw: st.DrawFn, available: int, previous: list[Step]) -> Step:
         args: tuple[int, ...] = (draw(pick), draw(pick))
     else:
         args = (draw(pick),)
+    if not previous:
+        # The first step reads v0 (which requires grad) through its differentiable argument; every value
+        # reaches the loss, so the loss always has a gradient.
+        args = (0, *args[1:])
     ops: tuple[str, ...] = ()
     if kind == "linear":
         ops = (f"linear{len(previous)}",)  # a repeated step reuses its layer
