@@ -126,9 +126,19 @@ def _package_files() -> list[str]:
 class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
     """Inductor's ``custom_partitioner_fn``: plans and extracts each joint graph."""
 
-    def __init__(self, config: CkptConfig, profile: DeviceProfile) -> None:
+    def __init__(
+        self,
+        config: CkptConfig,
+        profile: DeviceProfile,
+        activation_inputs: frozenset[int] = frozenset(),
+        num_graph_inputs: int = 0,
+    ) -> None:
+        """``activation_inputs``: positions, among the ``num_graph_inputs`` inputs of the graph
+        being compiled, of inputs that are activations (see :func:`activation_inputs`)."""
         self.config = config
         self.profile = profile
+        self.activation_inputs = activation_inputs
+        self.num_graph_inputs = num_graph_inputs
 
     def uuid(self) -> str:
         """Covers everything a plan depends on, so a cached graph never crosses budgets."""
@@ -137,6 +147,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         digest.update(repr(self.config.budget).encode())
         digest.update(repr(self.config.solver_effort).encode())
         digest.update(self.profile.key().encode())
+        digest.update(repr(sorted(self.activation_inputs)).encode())
         digest.update(compat.hash_for_files(_package_files()))
         return digest.hexdigest()
 
@@ -171,7 +182,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         self, name: str, gm: fx.GraphModule, num_fwd_outputs: int, static_indices: Sequence[int] | None
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         gm, _, has_recompute_rng = compat.prepare_joint(gm)
-        analysis = analyze_joint(gm, num_fwd_outputs, self.profile)
+        analysis = analyze_joint(gm, num_fwd_outputs, self.profile, self._activation_inputs(gm))
         budget_bytes = self.config.budget.resolve(analysis.no_recompute_bytes)
         started = time.perf_counter()
         plan = self._solve(analysis, budget_bytes)
@@ -210,6 +221,20 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         return fw_module, bw_module
 
 
+    def _activation_inputs(self, gm: fx.GraphModule) -> frozenset[int]:
+        """The activation inputs, if the joint graph's primals line up with the compiled graph's inputs."""
+        if not self.activation_inputs:
+            return frozenset()
+        primals = [n for n in gm.graph.nodes if n.op == "placeholder" and compat.is_primal(n)]
+        if len(primals) != self.num_graph_inputs:
+            log.debug(
+                "ckpt: %d primal inputs for %d graph inputs; not charging activation inputs",
+                len(primals),
+                self.num_graph_inputs,
+            )
+            return frozenset()
+        return self.activation_inputs
+
     def _solve(self, analysis: JointAnalysis, budget_bytes: int | None) -> Plan:
         # Stop searching once no plan can beat this one by 0.5% of the estimated step: less than
         # the cost model's own accuracy.
@@ -238,6 +263,20 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         except (ProblemError, RuntimeError, ValueError) as error:
             log.info("ckpt: cannot evaluate torch's default partition for comparison (%s)", error)
             return None
+
+
+def activation_inputs(example_inputs: Sequence[object]) -> frozenset[int]:
+    """Positions of inputs that are activations: results of earlier autograd work.
+
+    A tensor that requires grad but is not a leaf was computed by autograd
+    before this graph ran, for example by the graph before a graph break.
+    Parameters and the user's inputs are leaves.
+    """
+    return frozenset(
+        i
+        for i, value in enumerate(example_inputs)
+        if isinstance(value, torch.Tensor) and value.requires_grad and not value.is_leaf
+    )
 
 
 def resolve_profile(config: CkptConfig, example_inputs: Sequence[object]) -> DeviceProfile:
@@ -282,5 +321,7 @@ def ckpt_backend(
     config = CkptConfig.from_sources(options)
     profile = resolve_profile(config, example_inputs)
     patches: dict[str, Any] = dict(compat.inductor_mode_options(mode))
-    patches["custom_partitioner_fn"] = CkptPartitioner(config, profile)
+    patches["custom_partitioner_fn"] = CkptPartitioner(
+        config, profile, activation_inputs(example_inputs), len(example_inputs)
+    )
     return compat.compile_fx(gm, example_inputs, config_patches=patches)

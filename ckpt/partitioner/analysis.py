@@ -196,8 +196,20 @@ def _recompute_constraint(node: fx.Node, kind: OpKind, graph: _Graph, kinds: dic
     return None
 
 
-def analyze_joint(joint: fx.GraphModule, num_fwd_outputs: int, profile: DeviceProfile) -> JointAnalysis:
-    """Build the save-or-recompute problem for ``joint`` on ``profile``."""
+def analyze_joint(
+    joint: fx.GraphModule,
+    num_fwd_outputs: int,
+    profile: DeviceProfile,
+    activation_inputs: frozenset[int] = frozenset(),
+) -> JointAnalysis:
+    """Build the save-or-recompute problem for ``joint`` on ``profile``.
+
+    ``activation_inputs`` are positions among the graph's primal inputs that
+    hold activations of earlier autograd work (the output of the graph before
+    a graph break): saving one of those keeps it alive, so it is charged like
+    any saved value.  Other inputs (parameters, buffers, the user's tensors)
+    live anyway and are free to save.
+    """
     sizes = SizeEvaluator.for_graph(joint.graph)
     order = {node: i for i, node in enumerate(joint.graph.nodes)}
     estimates: dict[fx.Node, NodeEstimate] = {
@@ -241,7 +253,9 @@ def analyze_joint(joint: fx.GraphModule, num_fwd_outputs: int, profile: DevicePr
         for arg in node.all_input_nodes:
             users.setdefault(root(arg), []).append(node)
     fwd_output_roots = {root(n) for n in graph.fwd_outputs}
-    copied_inputs = _inputs_copied_for_convolution(joint, root)
+    charged_inputs = _inputs_copied_for_convolution(joint, root)
+    primals = [n for n in joint.graph.nodes if n.op == "placeholder" and compat.is_primal(n)]
+    charged_inputs |= {primals[i] for i in sorted(activation_inputs) if i < len(primals)}
 
     inputs: list[tuple[int, ...]] = []
     save_bytes: list[int] = []
@@ -282,8 +296,8 @@ def analyze_joint(joint: fx.GraphModule, num_fwd_outputs: int, profile: DevicePr
         else:
             seconds_recompute = _library_call_seconds(profile, estimate)
         # A graph input is available to the backward for free (only its read costs time),
-        # unless Inductor hands the backward a converted copy of it.
-        is_input = node.op == "placeholder" and node not in copied_inputs
+        # unless it is an activation passed in, or Inductor hands the backward a copy of it.
+        is_input = node.op == "placeholder" and node not in charged_inputs
         save_bytes.append(0 if is_input else nbytes)
         save_bytes_exprs.append(0 if is_input else nbytes_expr)
         # A random op that a checkpoint region recomputes replays the forward's RNG state,
