@@ -28,6 +28,16 @@ def _calibrate(args: argparse.Namespace) -> int:
         print(f"  peak {dtype}: {rate / 1e9:.1f} GFLOP/s")
     print(f"  bandwidth: {profile.bandwidth / 1e9:.1f} GB/s")
     print(f"  kernel overhead: {profile.kernel_overhead * 1e6:.2f} us")
+    print(f"  cache tier: {profile.cache_bandwidth / 1e9:.1f} GB/s up to {profile.cache_bytes / 2**20:.0f} MiB")
+    print(f"  convolution efficiency: {profile.conv_efficiency:.2f} of the matrix rate")
+    print(
+        f"  fused work per element: {profile.element_seconds * 1e9:.4f} ns simple, "
+        f"{profile.transcendental_seconds * 1e9:.3f} ns transcendental"
+    )
+    print(
+        f"  bool tensors in fused kernels: {profile.byte_store_seconds * 1e9:.2f} ns per element written, "
+        f"{profile.byte_load_seconds * 1e9:.2f} ns read"
+    )
     return 0
 
 

@@ -7,15 +7,18 @@ The calibration times, with the thread count torch uses:
 * copies of 64 MiB (memory bandwidth) and of 1 MiB (the cache tier), and
   the largest copy size that still runs at least 1.5 times faster than
   memory (the cache tier's size);
-* a multiply and an ``erf`` on a cache-resident buffer
-  (the per-element cost of simple and of transcendental fused work);
+* chains of tiny fused Inductor kernels, compiled and timed in a subprocess
+  (:mod:`ckpt.cost_model.fused_calibration`): the per-element cost of simple
+  and of transcendental fused work, and of writing and reading bool tensors
+  from fused kernels (without a working compiler, estimates from an eager
+  multiply and ``erf`` stand in);
 * a tiny element-wise op (the fixed cost of one kernel).
 
 Compute rates are measured on one thread and multiplied by the thread count,
 since a parallel region waits for its slowest thread and one busy core would
 distort the reading.  Each figure is the fastest of a few repetitions after a
 warm-up: other work on the machine can only add time, so the minimum is the
-least disturbed reading.  The whole run takes about a second.  The result is cached as JSON
+least disturbed reading.  The whole run takes about ten seconds, once per machine.  The result is cached as JSON
 under the cache directory (``CKPT_CACHE_DIR``, else ``$XDG_CACHE_HOME/ckpt``,
 else ``~/.cache/ckpt``), keyed by CPU model, thread count and torch version.
 A file lock makes processes that start together (for example the ranks of one
@@ -36,13 +39,14 @@ from pathlib import Path
 
 import torch
 
+from ckpt.cost_model.fused_calibration import measure_fused_costs
 from ckpt.cost_model.profiles import DeviceProfile
 
 __all__ = ["cache_dir", "calibrate_cpu", "cpu_profile"]
 
 log = logging.getLogger(__name__)
 
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 4
 
 
 def cache_dir(environ: dict[str, str] | None = None) -> Path:
@@ -111,7 +115,7 @@ def _per_element(fn: Callable[[torch.Tensor, torch.Tensor], object], elements: i
 
 
 def calibrate_cpu() -> DeviceProfile:
-    """Measure the CPU rates now (about a second) and return the profile."""
+    """Measure the CPU rates now (about ten seconds) and return the profile."""
     threads = torch.get_num_threads()
     # Compute rates are measured on one thread and scaled by the thread count: a parallel
     # region waits for its slowest thread, so one busy core would distort the reading.
@@ -125,8 +129,17 @@ def calibrate_cpu() -> DeviceProfile:
         w = torch.randn(64, 64, 3, 3).contiguous(memory_format=torch.channels_last)
         conv_flops = 2 * 4 * 64 * 28 * 28 * 64 * 9
         conv = threads * conv_flops / _fastest_seconds(lambda: torch.conv2d(x, w, padding=1), 5)
-        simple = _per_element(lambda src, dst: torch.mul(src, 1.0001, out=dst)) / threads
-        transcendental = _per_element(lambda src, dst: torch.erf(src, out=dst)) / threads
+        multiply = _per_element(lambda src, dst: torch.mul(src, 1.0001, out=dst)) / threads
+        erf = _per_element(lambda src, dst: torch.erf(src, out=dst)) / threads
+    fused = measure_fused_costs(threads)
+    if fused is not None:
+        simple, transcendental = fused["simple"], fused["transcendental"]
+        byte_store, byte_load = fused["byte_store"], fused["byte_load"]
+    else:
+        # Without a compiler: a simple op is about one FLOP at the matrix rate, and a
+        # transcendental costs what an eager erf costs beyond an eager multiply.
+        simple, transcendental = 1.0 / fp32, max(erf - multiply, 1.0 / fp32)
+        byte_store = byte_load = 0.0
     bandwidth = _copy_bandwidth(64 * 2**20, 5)
     cache_bandwidth = _copy_bandwidth(2**20, 20)
     cache_bytes = 0
@@ -143,11 +156,13 @@ def calibrate_cpu() -> DeviceProfile:
         kernel_overhead=_round(overhead),
         source=(
             f"measured on this machine ({_cpu_model()}, {threads} threads): 512x512 fp32/bf16 matmul, 3x3 "
-            "convolution, multiply and erf (one thread, scaled by the thread count), 64 MiB and 1 MiB copies, "
-            "tiny element-wise op"
+            "convolution (one thread, scaled by the thread count), fused Inductor kernels, 64 MiB and 1 MiB "
+            "copies, tiny element-wise op"
         ),
         element_seconds=_round(simple),
-        transcendental_seconds=_round(max(transcendental, simple)),
+        transcendental_seconds=_round(transcendental),
+        byte_store_seconds=_round(byte_store),
+        byte_load_seconds=_round(byte_load),
         cache_bytes=cache_bytes,
         cache_bandwidth=_round(cache_bandwidth) if cache_bytes else 0.0,
         conv_efficiency=_round(min(1.0, conv / fp32)),
@@ -171,7 +186,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 _FIELDS = ("name", "bandwidth", "kernel_overhead", "source", "element_seconds", "transcendental_seconds",
-           "cache_bytes", "cache_bandwidth", "conv_efficiency")
+           "cache_bytes", "cache_bandwidth", "conv_efficiency", "byte_store_seconds", "byte_load_seconds")
 
 
 def _load(path: Path) -> DeviceProfile | None:
@@ -199,7 +214,7 @@ def cpu_profile(*, recalibrate: bool = False) -> DeviceProfile:
         with _locked(directory / "calibrate.lock"):
             profile = None if recalibrate else _load(path)
             if profile is None:
-                log.info("ckpt: calibrating the cpu profile (about a second); cached at %s", path)
+                log.info("ckpt: calibrating the cpu profile (about ten seconds, once); cached at %s", path)
                 profile = calibrate_cpu()
                 tmp = path.with_suffix(f".tmp{os.getpid()}")
                 tmp.write_text(_dump(profile), encoding="utf-8")

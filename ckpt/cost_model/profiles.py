@@ -49,7 +49,9 @@ class DeviceProfile:
     launched kernel; ``element_seconds`` and ``transcendental_seconds`` are
     seconds per element of fused work (0: one FLOP per element at the fp32
     matrix rate); ``conv_efficiency`` is the share of the matrix rate that
-    convolutions reach.
+    convolutions reach; ``byte_store_seconds`` and ``byte_load_seconds`` are
+    the least time per element for a fused kernel to write or read a
+    one-byte (bool) tensor, where the code for those is slow.
     """
 
     name: str
@@ -62,6 +64,8 @@ class DeviceProfile:
     cache_bytes: int = 0
     cache_bandwidth: float = 0.0
     conv_efficiency: float = 1.0
+    byte_store_seconds: float = 0.0
+    byte_load_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         rates = dict(self.peak_flops)
@@ -94,6 +98,7 @@ class DeviceProfile:
             f"{self.name}:{rates}:bw={self.bandwidth:.4g}:ovh={self.kernel_overhead:.4g}"
             f":el={self.element_seconds:.4g}:tr={self.transcendental_seconds:.4g}"
             f":cache={self.cache_bytes}@{self.cache_bandwidth:.4g}:conv={self.conv_efficiency:.4g}"
+            f":bytes={self.byte_store_seconds:.4g}/{self.byte_load_seconds:.4g}"
         )
 
 

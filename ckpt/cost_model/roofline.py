@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from ckpt.cost_model.profiles import DeviceProfile
 
-__all__ = ["compute_seconds", "elementwise_seconds", "kernel_seconds", "transfer_seconds"]
+__all__ = ["compute_seconds", "elementwise_seconds", "kernel_seconds", "tensor_read_seconds", "tensor_write_seconds",
+           "transfer_seconds"]
 
 
 def compute_seconds(profile: DeviceProfile, flops: int, dtype_class: str = "fp32", efficiency: float = 1.0) -> float:
@@ -39,3 +40,15 @@ def kernel_seconds(
         max(compute_seconds(profile, flops, dtype_class, efficiency), transfer_seconds(profile, nbytes))
         + profile.kernel_overhead
     )
+
+
+def tensor_write_seconds(profile: DeviceProfile, nbytes: int, elements: int, itemsize: int) -> float:
+    """A fused kernel writing one tensor: its bytes, or the per-element floor for one-byte tensors."""
+    floor = elements * profile.byte_store_seconds if itemsize == 1 else 0.0
+    return max(transfer_seconds(profile, nbytes), floor)
+
+
+def tensor_read_seconds(profile: DeviceProfile, nbytes: int, elements: int, itemsize: int) -> float:
+    """A fused kernel reading one tensor: its bytes, or the per-element floor for one-byte tensors."""
+    floor = elements * profile.byte_load_seconds if itemsize == 1 else 0.0
+    return max(transfer_seconds(profile, nbytes), floor)

@@ -48,12 +48,19 @@ from ckpt.cost_model.node_cost import (
     Size,
     SizeEvaluator,
     estimate_node,
+    numel_expr,
     storage_bytes_expr,
     tensor_values,
 )
 from ckpt.cost_model.ops import OpKind
 from ckpt.cost_model.profiles import DeviceProfile
-from ckpt.cost_model.roofline import elementwise_seconds, kernel_seconds, transfer_seconds
+from ckpt.cost_model.roofline import (
+    elementwise_seconds,
+    kernel_seconds,
+    tensor_read_seconds,
+    tensor_write_seconds,
+    transfer_seconds,
+)
 from ckpt.partitioner.problem import Problem, evaluate
 
 __all__ = ["JointAnalysis", "analyze_joint", "to_picoseconds"]
@@ -282,7 +289,12 @@ def analyze_joint(
         in_forward = node in graph.forward_required or node.op == "placeholder"
         # Save: the backward reads it; a fused value must also be written in the forward.
         write_in_forward = fusible and not extern_forward_user and node not in fwd_output_roots
-        seconds_save = transfer_seconds(profile, nbytes) * (2 if write_in_forward else 1)
+        is_tensor = isinstance(value, torch.Tensor)
+        elements = sizes(numel_expr(value)) if is_tensor else 0
+        itemsize = value.element_size() if is_tensor else 0
+        seconds_save = tensor_read_seconds(profile, nbytes, elements, itemsize)
+        if write_in_forward:
+            seconds_save += tensor_write_seconds(profile, nbytes, elements, itemsize)
         if isinstance(value, (torch.SymInt, torch.SymBool, torch.SymFloat)) or compat.is_opaque_value(value):
             seconds_save = 0.0
         # Recompute.
