@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import platform
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -41,6 +40,7 @@ import torch
 
 from ckpt.cost_model.fused_calibration import measure_fused_costs
 from ckpt.cost_model.profiles import DeviceProfile
+from ckpt.cost_model.timing import fastest_seconds
 
 __all__ = ["cache_dir", "calibrate_cpu", "cpu_profile"]
 
@@ -73,16 +73,6 @@ def _machine_key() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _fastest_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return min(samples)
-
-
 def _round(value: float) -> float:
     """Three significant digits, so tiny run-to-run jitter in a cache miss matters less."""
     return float(f"{value:.3g}")
@@ -102,16 +92,16 @@ def _copy_bandwidth(nbytes: int, repeats: int) -> float:
     """Bytes read plus written per second by a copy: the better of one thread and all of them."""
     src = torch.empty(nbytes // 4)
     dst = torch.empty_like(src)
-    best = _fastest_seconds(lambda: dst.copy_(src), repeats)
+    best = fastest_seconds(lambda: dst.copy_(src), repeats)
     with _one_thread():
-        best = min(best, _fastest_seconds(lambda: dst.copy_(src), repeats))
+        best = min(best, fastest_seconds(lambda: dst.copy_(src), repeats))
     return 2 * nbytes / best
 
 
 def _per_element(fn: Callable[[torch.Tensor, torch.Tensor], object], elements: int = 16384) -> float:
     src = torch.rand(elements) + 0.5
     dst = torch.empty_like(src)
-    return _fastest_seconds(lambda: fn(src, dst), 50) / elements
+    return fastest_seconds(lambda: fn(src, dst), 50) / elements
 
 
 def calibrate_cpu() -> DeviceProfile:
@@ -122,13 +112,13 @@ def calibrate_cpu() -> DeviceProfile:
     with _one_thread():
         n = 512
         a, b = torch.randn(n, n), torch.randn(n, n)
-        fp32 = threads * 2 * n**3 / _fastest_seconds(lambda: torch.mm(a, b), 5)
+        fp32 = threads * 2 * n**3 / fastest_seconds(lambda: torch.mm(a, b), 5)
         a16, b16 = a.bfloat16(), b.bfloat16()
-        bf16 = threads * 2 * n**3 / _fastest_seconds(lambda: torch.mm(a16, b16), 5)
+        bf16 = threads * 2 * n**3 / fastest_seconds(lambda: torch.mm(a16, b16), 5)
         x = torch.randn(4, 64, 28, 28).contiguous(memory_format=torch.channels_last)
         w = torch.randn(64, 64, 3, 3).contiguous(memory_format=torch.channels_last)
         conv_flops = 2 * 4 * 64 * 28 * 28 * 64 * 9
-        conv = threads * conv_flops / _fastest_seconds(lambda: torch.conv2d(x, w, padding=1), 5)
+        conv = threads * conv_flops / fastest_seconds(lambda: torch.conv2d(x, w, padding=1), 5)
         multiply = _per_element(lambda src, dst: torch.mul(src, 1.0001, out=dst)) / threads
         erf = _per_element(lambda src, dst: torch.erf(src, out=dst)) / threads
     fused = measure_fused_costs(threads)
@@ -148,7 +138,7 @@ def calibrate_cpu() -> DeviceProfile:
             cache_bytes = size
     tiny = torch.empty(256)
     tiny_out = torch.empty_like(tiny)
-    overhead = _fastest_seconds(lambda: torch.add(tiny, tiny, out=tiny_out), 200)
+    overhead = fastest_seconds(lambda: torch.add(tiny, tiny, out=tiny_out), 200)
     return DeviceProfile(
         name="cpu",
         peak_flops=(("fp32", _round(fp32)), ("bf16", _round(bf16)), ("fp16", _round(bf16)), ("fp64", _round(fp32 / 2))),

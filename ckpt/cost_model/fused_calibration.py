@@ -23,26 +23,17 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 import torch
+
+from ckpt.cost_model.timing import fastest_seconds
 
 __all__ = ["measure_fused_costs"]
 
 log = logging.getLogger(__name__)
 
 _ELEMENTS = 1 << 20
-
-
-def _fastest(fn: Callable[[], object], repeats: int = 40) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return min(samples)
 
 
 def _chain(steps: int, transcendental: bool) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -72,7 +63,7 @@ def _select_by_mask(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def _time(fn: Callable[..., object], *args: torch.Tensor) -> float:
     compiled = torch.compile(fn, backend="inductor", fullgraph=True)
-    return _fastest(lambda: compiled(*args))
+    return fastest_seconds(lambda: compiled(*args), 40)
 
 
 def _measure() -> dict[str, float]:
