@@ -129,11 +129,11 @@ def _op_name(node: fx.Node) -> str:
 
 
 def _solver_facts(record: PartitionRecord) -> SolverFacts:
-    plan, problem = record.plan, record.analysis.problem  # type: ignore[union-attr]
+    plan = record.plan
     assert plan is not None
-    if plan.price is not None and plan.price[0] > 0:
-        alpha, beta = plan.price
-        lam: float | None = beta / alpha / (problem.total_save_bytes + 1)
+    lam: float | None
+    if plan.price_per_byte is not None:
+        lam = plan.price_per_byte
         note = "time per byte saved at the budget (slope of the trade-off curve)"
     elif plan.over_budget:
         lam, note = None, "the budget is below the smallest plan; the leanest plan is used"

@@ -202,3 +202,14 @@ def test_plans_are_deterministic(p):
     budget = p.total_save_bytes // 3
     first, second = solve(p, budget, effort=1000.0), solve(p, budget, effort=1000.0)
     assert first.saved == second.saved and first.fingerprint(p) == second.fingerprint(p)
+
+
+def test_no_cap_slack_takes_the_leanest_plan_within_it():
+    fastest = solve(CHAIN, None)
+    # Recomputing a (cost 1) instead of saving it (cost 20) is faster; saving nothing costs more.
+    lean = solve(CHAIN, None, slack_ps=10_000)
+    assert lean.bytes <= fastest.bytes
+    assert lean.time <= fastest.time + 10_000
+    assert solve(CHAIN, None, slack_ps=0) == fastest
+    everything = solve(CHAIN, None, slack_ps=10**9)
+    assert everything.bytes == min(p.bytes for p in [solve(CHAIN, b, effort=1000.0) for b in range(0, 400, 10)])

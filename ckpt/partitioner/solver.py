@@ -142,6 +142,27 @@ class _Cutter:
         return _Relaxation("gap", fast=fast, lean=lean, bound=bound)
 
 
+def _leanest_within(cutter: _Cutter, max_time: int) -> _Point:
+    """The hull plan with the fewest bytes among those taking at most ``max_time``."""
+    empty: frozenset[int] = frozenset()
+    fast = cutter.cut(1, 0, empty, empty)
+    lean = cutter.cut(1, cutter.big, empty, empty)
+    assert fast is not None and lean is not None
+    if lean.time <= max_time:
+        return lean
+    while True:  # fast.time <= max_time < lean.time, both on the hull
+        alpha = fast.bytes - lean.bytes
+        beta = lean.key - fast.key
+        candidate = cutter.cut(alpha, beta, empty, empty)
+        assert candidate is not None
+        if alpha * candidate.key + beta * candidate.bytes >= alpha * fast.key + beta * fast.bytes:
+            return fast
+        if candidate.time <= max_time:
+            fast = candidate
+        else:
+            lean = candidate
+
+
 def _to_plan(point: _Point, solver: str, cutter: _Cutter, **extra: object) -> Plan:
     return Plan(
         saved=tuple(sorted(point.saved)),
@@ -159,7 +180,9 @@ def _branch_value(problem: Problem, fast: _Point, lean: _Point) -> int:
     return max(differing, key=lambda i: (problem.save_bytes[i], -i))
 
 
-def solve(problem: Problem, budget_bytes: int | None, *, effort: float = 1.0, tolerance_ps: int = 0) -> Plan:
+def solve(
+    problem: Problem, budget_bytes: int | None, *, effort: float = 1.0, tolerance_ps: int = 0, slack_ps: int = 0
+) -> Plan:
     """The least-time plan with saved bytes <= ``budget_bytes`` (None: no cap).
 
     If no plan fits the budget, returns the plan with the fewest bytes (and
@@ -172,6 +195,10 @@ def solve(problem: Problem, budget_bytes: int | None, *, effort: float = 1.0, to
     stops early once no branch can beat the plan by more than
     ``tolerance_ps`` picoseconds; ``lower_bound`` stays a proven bound either
     way, and ``optimal`` means the plan reaches it.
+
+    With no cap, ``slack_ps`` trades a little predicted time for memory: the
+    result is the leanest hull plan whose time is within ``slack_ps`` of the
+    fastest (differences that small are below the cost model's accuracy).
     """
     if effort < 0:
         raise ValueError(f"solve: effort={effort!r} must be >= 0")
@@ -181,6 +208,10 @@ def solve(problem: Problem, budget_bytes: int | None, *, effort: float = 1.0, to
     assert root is not None  # no deadline at the root
     if root.status == "optimal":
         assert root.fast is not None
+        if budget_bytes is None and slack_ps > 0:
+            lean = _leanest_within(cutter, root.fast.time + slack_ps)
+            if lean.bytes < root.fast.bytes:
+                return _to_plan(lean, "min-cut", cutter, optimal=False, lower_bound=root.fast.time)
         return _to_plan(root.fast, "min-cut", cutter, optimal=True, lower_bound=root.fast.time, budget_bytes=budget_bytes)
     if root.status == "infeasible":
         if root.lean is None:
