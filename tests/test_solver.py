@@ -213,3 +213,26 @@ def test_no_cap_slack_takes_the_leanest_plan_within_it():
     assert solve(CHAIN, None, slack_ps=0) == fastest
     everything = solve(CHAIN, None, slack_ps=10**9)
     assert everything.bytes == min(p.bytes for p in [solve(CHAIN, b, effort=1000.0) for b in range(0, 400, 10)])
+
+
+@given(problems(), st.sampled_from([1, 50, 400]))
+def test_slack_keeps_the_budget_and_saved_bytes_monotone(p, slack):
+    """With slack, a budget never saves more than a larger one, nor more than no cap (when above it)."""
+    if solve_exhaustive(p, None) is None:
+        return
+    no_cap = solve(p, None, slack_ps=slack)
+    previous = None
+    for fraction in (1.0, 0.75, 0.5, 0.25, 0.1, 0.0):
+        budget = int(fraction * p.total_save_bytes)
+        best = solve(p, budget, effort=1000.0)
+        plan = solve(p, budget, effort=1000.0, slack_ps=slack)
+        if best.over_budget:
+            assert plan.bytes == best.bytes
+        else:
+            assert plan.bytes <= budget
+            assert plan.time <= best.time + slack
+        if budget >= no_cap.bytes:
+            assert plan.bytes <= no_cap.bytes
+        if previous is not None:
+            assert plan.bytes <= previous
+        previous = plan.bytes

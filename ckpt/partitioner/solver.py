@@ -196,9 +196,12 @@ def solve(
     ``tolerance_ps`` picoseconds; ``lower_bound`` stays a proven bound either
     way, and ``optimal`` means the plan reaches it.
 
-    With no cap, ``slack_ps`` trades a little predicted time for memory: the
-    result is the leanest hull plan whose time is within ``slack_ps`` of the
-    fastest (differences that small are below the cost model's accuracy).
+    ``slack_ps`` trades a little predicted time for memory: the result is
+    the leanest hull plan whose time is within ``slack_ps`` of the best plan
+    under the budget, if that is leaner (differences that small are below the
+    cost model's accuracy).  The same rule with and without a cap keeps the
+    saved bytes monotone in the budget: a cap above the no-cap plan's bytes
+    gives the no-cap plan.
     """
     if effort < 0:
         raise ValueError(f"solve: effort={effort!r} must be >= 0")
@@ -208,10 +211,12 @@ def solve(
     assert root is not None  # no deadline at the root
     if root.status == "optimal":
         assert root.fast is not None
-        if budget_bytes is None and slack_ps > 0:
+        if slack_ps > 0:
             lean = _leanest_within(cutter, root.fast.time + slack_ps)
             if lean.bytes < root.fast.bytes:
-                return _to_plan(lean, "min-cut", cutter, optimal=False, lower_bound=root.fast.time)
+                return _to_plan(
+                    lean, "min-cut", cutter, optimal=False, lower_bound=root.fast.time, budget_bytes=budget_bytes
+                )
         return _to_plan(root.fast, "min-cut", cutter, optimal=True, lower_bound=root.fast.time, budget_bytes=budget_bytes)
     if root.status == "infeasible":
         if root.lean is None:
@@ -280,6 +285,10 @@ def solve(
             nodes,
             100.0 * (incumbent.key - lower_key) / max(incumbent.key, 1),
         )
+    if slack_ps > 0:
+        lean = _leanest_within(cutter, incumbent.time + slack_ps)
+        if lean.bytes < incumbent.bytes:  # so within the budget too
+            incumbent, optimal = lean, False
     return _to_plan(
         incumbent,
         "min-cut+branch-and-bound",
