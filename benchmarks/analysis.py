@@ -2,8 +2,11 @@
 
 Definitions, which every results file repeats:
 
-* **noise** of a model: ``|t(compile) / t(compile (repeat)) - 1|``, two
-  independently compiled copies of the same setting timed in the same rounds.
+* **noise** of a model: from two independently compiled copies of the same
+  setting, compile and compile (repeat), timed in the same rounds: the larger
+  of the gap between their medians, ``|t(compile) / t(compile (repeat)) - 1|``,
+  and twice the standard error of that ratio (rounds resampled in pairs,
+  bootstrap with a fixed seed).  The gap alone is one draw and can be lucky.
 * **time at matched memory** of a ckpt point: its step time divided by the
   step time of the fastest non-ckpt setting (eager, eager checkpoint, default
   compile or torch's budget) whose activation bytes are at most its own.
@@ -16,6 +19,7 @@ Definitions, which every results file repeats:
 
 from __future__ import annotations
 
+import random
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,14 +56,33 @@ def _measured(model: ModelResult) -> list[SettingResult]:
     return [r for r in model.settings if r.error is None and r.step_s is not None and r.activation_bytes is not None]
 
 
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def _ratio_standard_error(first: list[float], repeat: list[float]) -> float:
+    """Bootstrap standard error of median(first) / median(repeat), rounds resampled in pairs."""
+    pairs = list(zip(first, repeat))
+    if len(pairs) < 3:
+        return 0.0
+    rng = random.Random(0)
+    ratios = []
+    for _ in range(BOOTSTRAP_RESAMPLES):
+        sample = rng.choices(pairs, k=len(pairs))
+        ratios.append(statistics.median(a for a, _ in sample) / statistics.median(b for _, b in sample))
+    return statistics.stdev(ratios)
+
+
 def _noise(model: ModelResult) -> tuple[float | None, float | None]:
-    by_key = {r.setting.key: r.step_s for r in _measured(model)}
+    by_key = {r.setting.key: r for r in _measured(model)}
     first, repeat = by_key.get("compile"), by_key.get("compile-repeat")
     if first is None:
         return None, None
+    assert first.step_s is not None
     if repeat is None:
-        return None, first
-    return abs(first / repeat - 1.0), (first + repeat) / 2
+        return None, first.step_s
+    assert repeat.step_s is not None
+    gap = abs(first.step_s / repeat.step_s - 1.0)
+    return max(gap, 2.0 * _ratio_standard_error(first.samples_s, repeat.samples_s)), (first.step_s + repeat.step_s) / 2
 
 
 def _budget_check(point: SettingResult) -> dict[str, Any]:

@@ -55,7 +55,7 @@ PY
 # about 7.5 minutes in all.
 timeout --signal=INT --kill-after=15 $((LIMIT + 45)) \
     "$PYTHON" -m benchmarks.run --device cuda --models "$MODELS" --settings "$SETTINGS" \
-    --time-limit "$LIMIT" --plot auto --out "$OUT" "$@" 2>&1 | tee "$OUT/run.log"
+    --rounds 10 --time-limit "$LIMIT" --plot auto --out "$OUT" "$@" 2>&1 | tee "$OUT/run.log"
 status=${PIPESTATUS[0]}
 echo "benchmarks.run exited with status $status" | tee -a "$OUT/run.log"
 

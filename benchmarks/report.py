@@ -93,7 +93,7 @@ def _model_section(model: ModelResult, verdict: ModelVerdict, gpu: bool) -> list
     ordered = sorted(model.settings, key=lambda r: display_order(r.setting))
     lines += [_setting_row(r, verdict.compile_s, gpu) for r in ordered]
     noise = "not measured (needs compile and compile-repeat)" if verdict.noise is None else f"{verdict.noise:.1%}"
-    lines += ["", f"Noise (compile against compile (repeat)): {noise}."]
+    lines += ["", f"Noise (compile against compile (repeat), at least twice the standard error of their ratio): {noise}."]
     if verdict.matched:
         lines += _ckpt_lines(verdict)
     if model.skipped:
@@ -101,7 +101,7 @@ def _model_section(model: ModelResult, verdict: ModelVerdict, gpu: bool) -> list
     return lines + [""]
 
 
-def _targets_section(targets: list[Target]) -> list[str]:
+def _targets_section(targets: list[Target], analysis: str | None) -> list[str]:
     lines = ["## Targets", "", "| target | goal | measured | met |", "|---|---|---|---|"]
     for t in targets:
         met = "n/a" if t.met is None else ("yes" if t.met else "**no**")
@@ -110,9 +110,11 @@ def _targets_section(targets: list[Target]) -> list[str]:
     for t in targets:
         if t.misses:
             lines += [f'Points that miss "{t.name}":', ""] + [f"- {miss}" for miss in t.misses] + [""]
-    if any(t.met is False for t in targets):
-        lines += ["Analysis of the misses: _to be written (the graph nodes or cost-model terms responsible, "
-                  "and the fix)._", ""]  # fmt: skip
+    if analysis:
+        lines += [analysis.strip(), ""]
+    elif any(t.met is False for t in targets):
+        lines += ["Analysis of the misses: _to be written in `<stem>-analysis.md` beside this file (the graph "
+                  "nodes or cost-model terms responsible, and the fix)._", ""]  # fmt: skip
     return lines
 
 
@@ -132,7 +134,13 @@ def _summary(models: list[ModelResult], verdicts: list[ModelVerdict]) -> list[st
     return lines + [""]
 
 
-def _markdown(meta: dict[str, Any], models: list[ModelResult], verdicts: list[ModelVerdict], targets: list[Target]) -> str:
+def _markdown(
+    meta: dict[str, Any],
+    models: list[ModelResult],
+    verdicts: list[ModelVerdict],
+    targets: list[Target],
+    analysis: str | None = None,
+) -> str:
     gpu = meta["device"] == "cuda"
     lines = [
         f"# ckpt benchmarks: {meta['device_name']}",
@@ -146,7 +154,7 @@ def _markdown(meta: dict[str, Any], models: list[ModelResult], verdicts: list[Mo
         "## Summary",
         "",
     ]
-    lines += _summary(models, verdicts) + _targets_section(targets)
+    lines += _summary(models, verdicts) + _targets_section(targets, analysis)
     for model, verdict in zip(models, verdicts):
         lines += _model_section(model, verdict, gpu)
     if meta.get("interrupted"):
@@ -182,7 +190,10 @@ def write_results(out_dir: Path, stem: str, meta: dict[str, Any], models: list[M
     verdicts = [analyze_model(m) for m in models]
     targets = evaluate_targets(models, verdicts)
     md_path, json_path = out_dir / f"{stem}.md", out_dir / f"{stem}.json"
-    md_path.write_text(_markdown(meta, models, verdicts, targets), encoding="utf-8")
+    # A hand-written analysis of the missed targets, kept beside the results, is merged in.
+    analysis_path = out_dir / f"{stem}-analysis.md"
+    analysis = analysis_path.read_text(encoding="utf-8") if analysis_path.exists() else None
+    md_path.write_text(_markdown(meta, models, verdicts, targets, analysis), encoding="utf-8")
     payload = {"meta": meta, "models": [_model_json(m, v) for m, v in zip(models, verdicts)], "targets": _jsonable(targets)}
     json_path.write_text(json.dumps(payload, indent=1, default=str) + "\n", encoding="utf-8")
     return [md_path, json_path]
