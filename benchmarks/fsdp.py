@@ -83,7 +83,7 @@ class RankResult:
     budget_bytes: int | None = None
     predicted_bytes: int | None = None
     fingerprints: list[str] = field(default_factory=list)  # ckpt's plan per graph
-    optimal: bool = True  # every plan proven optimal (False: a search stopped at its time limit)
+    optimal: bool = True  # every plan proven optimal (False: a search stopped at its work limit)
 
     @property
     def step_s(self) -> float:
@@ -257,7 +257,7 @@ def _plan_cell(result: RankResult) -> str:
     if not result.fingerprints:
         return "-"
     text = " ".join(result.fingerprints)
-    return text if result.optimal else text + " (search stopped at its time limit)"
+    return text if result.optimal else text + " (search stopped at its work limit)"
 
 
 def _markdown(args: argparse.Namespace, results: list[RankResult], command: str) -> str:
