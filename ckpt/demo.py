@@ -5,6 +5,8 @@ budgets 0.5 and 0.25.  Each row shows the measured activation MiB (saved
 tensors, counted by :mod:`ckpt.measure`), the median step time, and the loss
 after the last step.  Every setting starts from the same weights and the same
 seed, so the losses agree: recomputation changes memory and time, not results.
+The settings are trained side by side, one step of each in turn, so that the
+machine's drift hits them alike.
 """
 
 from __future__ import annotations
@@ -109,62 +111,82 @@ def _settings() -> list[tuple[str, Callable[[nn.Module], nn.Module]]]:
     ]
 
 
-def _train(
-    model: nn.Module,
-    compiled: Callable[..., torch.Tensor],
-    optimizer: torch.optim.Optimizer,
-    data: torch.Tensor,
-    device: str,
-    progress: _Progress,
-    name: str,
-) -> tuple[list[float], int, float]:
-    """Run one step per row of ``data``: (times after the first, last saved bytes, last loss)."""
-    times, saved_bytes, loss_value = [], 0, math.nan
-    steps = data.shape[0]
-    for step in range(steps):
-        idx, targets = data[step, :, :-1], data[step, :, 1:]
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        with compat.compile_caches_disabled(), saved_activations(model) as saved:
-            loss = compiled(idx, targets)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if step > 0:
-            times.append(time.perf_counter() - start)
-        saved_bytes = saved.bytes
-        loss_value = loss.item()
-        progress.step(f"{name}: step {step + 1}/{steps}")
-    return times, saved_bytes, loss_value
+@dataclass
+class _Run:
+    """One setting's model, compiled step, optimizer, RNG state and what it measured."""
+
+    name: str
+    model: nn.Module
+    compiled: Callable[..., torch.Tensor]
+    optimizer: torch.optim.Optimizer
+    rng: torch.Tensor
+    cuda_rng: torch.Tensor | None
+    times: list[float]
+    saved_bytes: int = 0
+    loss: float = math.nan
+    budgets: list[int | None] | None = None
+
+
+def _step(run: _Run, idx: torch.Tensor, targets: torch.Tensor, device: str, timed: bool) -> None:
+    """One training step of ``run``, under its own RNG stream, so that settings interleave freely."""
+    torch.set_rng_state(run.rng)
+    if run.cuda_rng is not None:
+        torch.cuda.set_rng_state(run.cuda_rng)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    with compat.compile_caches_disabled(), saved_activations(run.model) as saved, record_partitions() as records:
+        loss = run.compiled(idx, targets)
+    loss.backward()
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    if timed:
+        run.times.append(time.perf_counter() - start)
+    if records:  # the compiling step: one record per partitioned graph
+        run.budgets = [r.budget_bytes for r in records]
+    run.saved_bytes, run.loss = saved.bytes, loss.item()
+    run.rng = torch.get_rng_state()
+    run.cuda_rng = torch.cuda.get_rng_state() if run.cuda_rng is not None else None
 
 
 def run_demo(steps: int = 8, device: str | None = None, stream: TextIO = sys.stderr) -> list[DemoRow]:
-    """Train the demo model ``steps`` steps per setting and return one row per setting."""
+    """Train the demo model ``steps`` steps per setting and return one row per setting.
+
+    Every setting starts from the same weights and the same RNG state (so the
+    same dropout masks).  Each step runs every setting in turn, starting one
+    later each step, so that the machine's drift hits all settings alike; the
+    first step, which compiles, is not timed.
+    """
     if steps < 2:
         raise ValueError(f"steps={steps} is too few; the demo needs at least 2 (one warm-up, one timed)")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch.compiler.reset()
     torch.manual_seed(0)
     base = DemoGPT().to(device)
     generator = torch.Generator().manual_seed(1)
     data = torch.randint(0, 256, (steps, 8, 129), generator=generator).to(device)
-    settings = _settings()
-    progress = _Progress(len(settings) * steps, stream)
-    rows = []
-    for name, make in settings:
-        torch.compiler.reset()
+    torch.manual_seed(1234)
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state() if device == "cuda" else None
+    runs = []
+    for name, make in _settings():
         model = copy.deepcopy(base)
-        compiled = make(model)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        torch.manual_seed(1234)
-        with record_partitions() as records:
-            times, saved_bytes, loss_value = _train(model, compiled, optimizer, data, device, progress, name)
-        caps = [r.budget_bytes for r in records]
-        budget_mib = sum(c for c in caps if c is not None) / 2**20 if caps and None not in caps else None
-        rows.append(DemoRow(name, saved_bytes / 2**20, budget_mib, statistics.median(times) * 1e3, loss_value))
+        runs.append(_Run(name, model, make(model), torch.optim.SGD(model.parameters(), lr=0.1), rng, cuda_rng, []))
+    progress = _Progress(len(runs) * steps, stream)
+    for step in range(steps):
+        idx, targets = data[step, :, :-1], data[step, :, 1:]
+        for k in range(len(runs)):
+            run = runs[(k + step) % len(runs)]
+            _step(run, idx, targets, device, timed=step > 0)
+            progress.step(f"{run.name}: step {step + 1}/{steps}")
     progress.close()
+    rows = []
+    for run in runs:
+        caps = run.budgets or []
+        budget_mib = sum(c for c in caps if c is not None) / 2**20 if caps and None not in caps else None
+        rows.append(DemoRow(run.name, run.saved_bytes / 2**20, budget_mib, statistics.median(run.times) * 1e3, run.loss))
     return rows
 
 
