@@ -15,7 +15,9 @@
 #
 # Knobs (environment): MODELS (default gpt2,llama), SETTINGS (default: the 'gpu' group),
 # LIMIT (default 230 seconds for the runner's schedule), FSDP_LIMIT (default 140), PYTHON
-# (default python3).
+# (default python3), DEVICE (default cuda) and FSDP_SIZE (default gpu on cuda, tiny otherwise).
+# A dry run of the whole script on a machine without a GPU:
+#   DEVICE=cpu OUT=/tmp/gpu-try bash benchmarks/gpu.sh --quick
 # Files under $OUT: <gpu>.md, <gpu>.json, <gpu>.png (e.g. h200.*), fsdp-<gpu>.md, run.log,
 # fsdp.log, env.txt.
 set -uo pipefail
@@ -25,6 +27,8 @@ MODELS=${MODELS:-gpt2,llama}
 SETTINGS=${SETTINGS:-gpu}
 LIMIT=${LIMIT:-230}
 FSDP_LIMIT=${FSDP_LIMIT:-140}
+DEVICE=${DEVICE:-cuda}
+if [ "$DEVICE" = cuda ]; then FSDP_SIZE=${FSDP_SIZE:-gpu}; else FSDP_SIZE=${FSDP_SIZE:-tiny}; fi
 
 mkdir -p "$OUT"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
@@ -54,13 +58,13 @@ PY
 # and exit; KILL 15 seconds later is the last resort. With the FSDP2 run after it, the worst case is
 # about 7.5 minutes in all.
 timeout --signal=INT --kill-after=15 $((LIMIT + 45)) \
-    "$PYTHON" -m benchmarks.run --device cuda --models "$MODELS" --settings "$SETTINGS" \
+    "$PYTHON" -m benchmarks.run --device "$DEVICE" --models "$MODELS" --settings "$SETTINGS" \
     --rounds 10 --time-limit "$LIMIT" --plot auto --out "$OUT" "$@" 2>&1 | tee "$OUT/run.log"
 status=${PIPESTATUS[0]}
 echo "benchmarks.run exited with status $status" | tee -a "$OUT/run.log"
 
 timeout --signal=INT --kill-after=15 $((FSDP_LIMIT + 10)) \
-    "$PYTHON" -m benchmarks.fsdp --device cuda --size gpu --timeout "$FSDP_LIMIT" --out "$OUT" 2>&1 | tee "$OUT/fsdp.log"
+    "$PYTHON" -m benchmarks.fsdp --device "$DEVICE" --size "$FSDP_SIZE" --timeout "$FSDP_LIMIT" --out "$OUT" 2>&1 | tee "$OUT/fsdp.log"
 fsdp_status=${PIPESTATUS[0]}
 echo "benchmarks.fsdp exited with status $fsdp_status" | tee -a "$OUT/fsdp.log"
 exit $((status != 0 ? status : fsdp_status))
