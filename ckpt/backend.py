@@ -246,7 +246,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
                 cap,
                 effort=self.config.solver_effort,
                 tolerance_ps=tolerance,
-                slack_ps=2 * tolerance,  # no cap: the leanest plan within 1% of the fastest
+                slack_ps=2 * tolerance,  # the leanest plan within 1% of the fastest the budget allows
             )
 
         plan = resolve(budget_bytes)

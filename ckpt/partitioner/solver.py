@@ -200,8 +200,8 @@ def solve(
     the leanest hull plan whose time is within ``slack_ps`` of the best plan
     under the budget, if that is leaner (differences that small are below the
     cost model's accuracy).  The same rule with and without a cap keeps the
-    saved bytes monotone in the budget: a cap above the no-cap plan's bytes
-    gives the no-cap plan.
+    saved bytes monotone in the budget (when the search finishes): a cap
+    above the no-cap plan's bytes never gives a plan that saves more.
     """
     if effort < 0:
         raise ValueError(f"solve: effort={effort!r} must be >= 0")
