@@ -92,6 +92,18 @@ class Program:
         read = {a for step in self.steps for a in step.args}
         return [v for v in range(self.inputs, self.values) if v not in read]
 
+    def loss_requires_grad(self) -> bool:
+        """Whether the loss reaches a parameter or an input that requires grad (detach cuts the path)."""
+        grad = list(self.input_requires_grad)
+        for step in self.steps:
+            if step.kind == "linear":
+                grad.append(True)  # the layer's own parameters
+            elif step.kind == "detach_scale":
+                grad.append(grad[step.args[0]])
+            else:
+                grad.append(any(grad[a] for a in step.args))
+        return any(grad[v] for v in self.sinks())
+
     def __str__(self) -> str:
         lines = [f"inputs v0..v{self.inputs - 1} (requires_grad {self.input_requires_grad})"]
         lines += [f"v{self.inputs + i} = {step}" for i, step in enumerate(self.steps)]
@@ -175,8 +187,13 @@ def _step(draw: st.DrawFn, available: int, previous: list[Step]) -> Step:
     return Step(kind, args, ops)
 
 
+def programs(min_steps: int = 2, max_steps: int = 14) -> st.SearchStrategy[Program]:
+    """Random programs whose loss has a gradient (a backward to partition)."""
+    return _programs(min_steps, max_steps).filter(Program.loss_requires_grad)
+
+
 @st.composite
-def programs(draw: st.DrawFn, min_steps: int = 2, max_steps: int = 14) -> Program:
+def _programs(draw: st.DrawFn, min_steps: int, max_steps: int) -> Program:
     inputs = draw(st.integers(1, 2))
     requires_grad = (True,) + tuple(draw(st.booleans()) for _ in range(inputs - 1))
     steps: list[Step] = []

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 
 from ckpt.backend import BudgetWarning
 from tests.robustness.helpers import assert_runs_close, assert_within_budget, ckpt_compile, run_steps
-from tests.robustness.programs import Program, ProgramModule, budgets, program_inputs, programs
+from tests.robustness.programs import Program, ProgramModule, Step, budgets, program_inputs, programs
 
 # By hand: CKPT_RANDOM_PROGRAMS=300 python -m pytest -m slow tests/robustness/test_random_programs.py
 SLOW_EXAMPLES = int(os.environ.get("CKPT_RANDOM_PROGRAMS", "2000"))
@@ -49,3 +49,22 @@ def test_random_programs_match_eager_within_budget(program, budget):
 @given(program=programs(max_steps=24), budget=budgets())
 def test_many_random_programs_match_eager_within_budget(program, budget):
     check_program(program, budget)
+
+
+def test_programs_without_a_gradient_are_not_drawn():
+    """A loss that reaches no parameter and no grad-requiring input has no backward: the strategy skips it."""
+    detached = Program(
+        inputs=2,
+        input_requires_grad=(True, False),
+        steps=(
+            Step("linear", (0,), ("linear0",)),
+            Step("unary", (1,), ("affine",)),
+            Step("detach_scale", (3, 2)),
+            Step("unary", (1,), ("affine",)),
+        ),
+    )
+    assert not detached.loss_requires_grad()
+    assert not ProgramModule(detached)(*program_inputs(detached, seed=0)).requires_grad
+    reaching = Program(2, (True, False), detached.steps + (Step("binary", (2, 5), ("add",)),))
+    assert reaching.loss_requires_grad()
+    assert ProgramModule(reaching)(*program_inputs(reaching, seed=0)).requires_grad
