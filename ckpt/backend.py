@@ -220,7 +220,6 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         _publish(record)
         return fw_module, bw_module
 
-
     def _activation_inputs(self, gm: fx.GraphModule) -> frozenset[int]:
         """The activation inputs, if the joint graph's primals line up with the compiled graph's inputs."""
         if not self.activation_inputs:

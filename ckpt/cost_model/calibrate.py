@@ -119,8 +119,6 @@ def calibrate_cpu() -> DeviceProfile:
         w = torch.randn(64, 64, 3, 3).contiguous(memory_format=torch.channels_last)
         conv_flops = 2 * 4 * 64 * 28 * 28 * 64 * 9
         conv = threads * conv_flops / fastest_seconds(lambda: torch.conv2d(x, w, padding=1), 5)
-        multiply = _per_element(lambda src, dst: torch.mul(src, 1.0001, out=dst)) / threads
-        erf = _per_element(lambda src, dst: torch.erf(src, out=dst)) / threads
     fused = measure_fused_costs(threads)
     if fused is not None:
         simple, transcendental = fused["simple"], fused["transcendental"]
@@ -128,6 +126,9 @@ def calibrate_cpu() -> DeviceProfile:
     else:
         # Without a compiler: a simple op is about one FLOP at the matrix rate, and a
         # transcendental costs what an eager erf costs beyond an eager multiply.
+        with _one_thread():
+            multiply = _per_element(lambda src, dst: torch.mul(src, 1.0001, out=dst)) / threads
+            erf = _per_element(lambda src, dst: torch.erf(src, out=dst)) / threads
         simple, transcendental = 1.0 / fp32, max(erf - multiply, 1.0 / fp32)
         byte_store = byte_load = 0.0
     bandwidth = _copy_bandwidth(64 * 2**20, 5)
