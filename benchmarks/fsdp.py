@@ -152,7 +152,7 @@ def _step(model: GPT, inputs: tuple[torch.Tensor, ...], device: torch.device) ->
 def _prepare(key: str, model: GPT, inputs: tuple[torch.Tensor, ...], rank: int, device: torch.device) -> RankResult:
     """Compile (first step, ckpt decisions recorded) and count the activation bytes (second step)."""
     from ckpt._torch_compat import compile_caches_disabled
-    from ckpt.backend import record_partitions
+    from ckpt.records import record_partitions
 
     with compile_caches_disabled(), record_partitions() as records:
         first = _step(model, inputs, device)

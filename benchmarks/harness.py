@@ -41,7 +41,7 @@ from benchmarks.models import ModelSpec, parameter_count
 from benchmarks.progress import Progress
 from benchmarks.settings import Setting, Step, make_step
 from ckpt import _torch_compat as compat
-from ckpt.backend import PartitionRecord, record_partitions
+from ckpt.records import PartitionRecord, record_partitions
 from ckpt.measure import saved_activations
 
 __all__ = ["STOP", "Clock", "ModelResult", "SettingResult", "benchmark_model", "summarize_record"]

@@ -2,17 +2,42 @@
 
 Use it with ``torch.compile(model, backend="ckpt")``; no import is needed once
 the package is installed.  See the README for the environment variables.
+
+Layout, with imports pointing down only: ``cost_model`` prices values,
+``partitioner`` plans and extracts, ``backend`` plugs both into Inductor and
+publishes a :class:`ckpt.records.PartitionRecord` per graph, and ``tools``
+(explain, the Pareto curve, validate, the demo) read those records.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ckpt import records as _records
+
+if TYPE_CHECKING:
+    from ckpt.records import PartitionRecord
 
 __version__ = "0.1.0"
 
-_LAZY = {"explain": "ckpt.explainer", "pareto": "ckpt.tradeoff"}
+_LAZY = {"explain": "ckpt.tools.explainer", "pareto": "ckpt.tools.tradeoff"}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """``ckpt.explain`` and ``ckpt.pareto`` load on first use, so ``import ckpt`` stays light."""
     if name in _LAZY:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'ckpt' has no attribute {name!r}")
+
+
+def _explain_subscriber(record: PartitionRecord) -> None:
+    """``CKPT_EXPLAIN``: the summary (and, for a directory, the full report) of each graph."""
+    if record.explain is not None:
+        from ckpt.tools.explainer import emit_explain
+
+        emit_explain(record, record.explain)
+
+
+_records.subscribe(_explain_subscriber)

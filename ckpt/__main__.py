@@ -2,7 +2,7 @@
 
 ``explain``, ``pareto`` and ``validate`` take a model factory as
 ``module:function``: a function of no arguments returning
-``(model, (inputs...))`` or ``(model, input)`` (see :mod:`ckpt.factory`).
+``(model, (inputs...))`` or ``(model, input)`` (see :mod:`ckpt.tools.factory`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ckpt.demo import format_rows, run_demo
+    from ckpt.tools.demo import format_rows, run_demo
 
     rows = run_demo(steps=args.steps, device=args.device)
     print(format_rows(rows, args.steps))
@@ -75,7 +75,7 @@ def _steps_arg(text: str) -> int:
 
 
 def _model(parser: argparse.ArgumentParser, spec: str) -> tuple:
-    from ckpt.factory import FactoryError, call_factory
+    from ckpt.tools.factory import FactoryError, call_factory
 
     try:
         return call_factory(spec)
@@ -87,7 +87,7 @@ def _model(parser: argparse.ArgumentParser, spec: str) -> tuple:
 def _explain(args: argparse.Namespace) -> int:
     import json
 
-    from ckpt.explainer import explain
+    from ckpt.tools.explainer import explain
 
     model, inputs = _model(args.parser, args.factory)
     report = explain(model, *inputs, budget=args.budget)
@@ -96,10 +96,11 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _pareto(args: argparse.Namespace) -> int:
-    from ckpt.tradeoff import _require_matplotlib, pareto
+    from ckpt.tools.common import require_matplotlib
+    from ckpt.tools.tradeoff import pareto
 
     try:
-        _require_matplotlib()
+        require_matplotlib()
     except ImportError as error:
         args.parser.error(str(error))
     model, inputs = _model(args.parser, args.factory)
@@ -109,7 +110,7 @@ def _pareto(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from ckpt.tradeoff import validate_time_model
+    from ckpt.tools.tradeoff import validate_time_model
 
     model, inputs = _model(args.parser, args.factory)
     print(validate_time_model(model, *inputs, budgets=args.budgets, steps=max(args.steps, 2), statistic=args.statistic))

@@ -24,15 +24,12 @@ default partition, or, under ``CKPT_STRICT=1``, an error naming the graph.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import logging
-import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,24 +38,22 @@ import torch.fx as fx
 
 import ckpt
 from ckpt import _torch_compat as compat
-from ckpt.config import Budget, CkptConfig
+from ckpt.config import CkptConfig
 from ckpt.cost_model.profiles import GPU_PROFILES, DeviceProfile, gpu_profile_for_name
 from ckpt.partitioner.analysis import JointAnalysis, analyze_joint, to_picoseconds
-from ckpt.partitioner.extract import extract_modules, verify_backward
+from ckpt.partitioner.extract import drop_dead_random_ops, extract_modules, verify_backward
 from ckpt.partitioner.plan import Plan, make_plan
 from ckpt.partitioner.problem import ProblemError
 from ckpt.partitioner.solver import solve
 from ckpt.partitioner.symbolic import fit_fraction
 from ckpt.partitioner.torch_plan import plan_from_saved_names, torch_default_saved_names
-from ckpt.passes.backward import drop_dead_random_ops
+from ckpt.records import PartitionRecord, publish
 
 __all__ = [
     "BudgetWarning",
     "CkptPartitionError",
     "CkptPartitioner",
-    "PartitionRecord",
     "ckpt_backend",
-    "record_partitions",
     "resolve_profile",
 ]
 
@@ -73,49 +68,7 @@ class CkptPartitionError(RuntimeError):
     """The ckpt partitioner failed on a graph (raised under ``CKPT_STRICT=1``)."""
 
 
-@dataclass(frozen=True)
-class PartitionRecord:
-    """What the partitioner decided for one joint graph."""
-
-    graph: str
-    analysis: JointAnalysis | None
-    plan: Plan | None
-    budget: Budget
-    budget_bytes: int | None
-    profile: DeviceProfile
-    solve_seconds: float
-    fallback_reason: str | None = None
-    torch_plan: Plan | None = None  # torch's default partition in our terms (only when explaining)
-
-    @property
-    def fingerprint(self) -> str | None:
-        if self.plan is None or self.analysis is None:
-            return None
-        return self.plan.fingerprint(self.analysis.problem)
-
-
-_recorders: list[list[PartitionRecord]] = []
-_recorders_lock = threading.Lock()
 _graph_counter = itertools.count()
-
-
-@contextlib.contextmanager
-def record_partitions() -> Iterator[list[PartitionRecord]]:
-    """Collect a :class:`PartitionRecord` for every graph partitioned inside the block."""
-    records: list[PartitionRecord] = []
-    with _recorders_lock:
-        _recorders.append(records)
-    try:
-        yield records
-    finally:
-        with _recorders_lock:
-            _recorders.remove(records)
-
-
-def _publish(record: PartitionRecord) -> None:
-    with _recorders_lock:
-        for records in _recorders:
-            records.append(record)
 
 
 def _package_files() -> list[str]:
@@ -169,7 +122,11 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
                 name,
                 reason,
             )
-            _publish(PartitionRecord(name, None, None, self.config.budget, None, self.profile, 0.0, reason))
+            publish(
+                PartitionRecord(
+                    name, None, None, self.config.budget, None, self.profile, 0.0, reason, explain=self.config.explain
+                )
+            )
             return compat.torch_default_partition(
                 gm,
                 joint_inputs,
@@ -210,14 +167,18 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         bw_module = drop_dead_random_ops(bw_module)
         verify_backward(bw_module, analysis, plan)
         record = PartitionRecord(
-            name, analysis, plan, self.config.budget, budget_bytes, self.profile, solve_seconds, torch_plan=torch_plan
+            name,
+            analysis,
+            plan,
+            self.config.budget,
+            budget_bytes,
+            self.profile,
+            solve_seconds,
+            torch_plan=torch_plan,
+            explain=self.config.explain,
         )
         log.debug("ckpt graph %r plan fingerprint %s", name, record.fingerprint)
-        if self.config.explain is not None:
-            from ckpt.explainer import emit_explain
-
-            emit_explain(record, self.config.explain)
-        _publish(record)
+        publish(record)
         return fw_module, bw_module
 
     def _activation_inputs(self, gm: fx.GraphModule) -> frozenset[int]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from ckpt.backend import record_partitions
+from ckpt.records import record_partitions
 
 pytestmark = pytest.mark.compile
 

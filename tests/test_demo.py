@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from ckpt.demo import format_rows, run_demo
+from ckpt.tools.demo import format_rows, run_demo
 
 pytestmark = pytest.mark.compile
 

@@ -82,7 +82,7 @@ def test_absolute_budget(model_and_input):
 def test_inference_graph_passes_through(model_and_input):
     model, x = model_and_input
     compiled = torch.compile(model, backend="ckpt")
-    from ckpt.backend import record_partitions
+    from ckpt.records import record_partitions
 
     with torch.no_grad(), record_partitions() as records:
         out = compiled(x)

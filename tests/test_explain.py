@@ -16,15 +16,15 @@ import pytest
 import torch
 import torch.nn as nn
 
-import ckpt
-from ckpt.backend import PartitionRecord
+from ckpt.records import PartitionRecord
 from ckpt.config import parse_budget
-from ckpt.explainer import emit_explain, explain, loss_of
-from ckpt.factory import FactoryError, call_factory, check_factory_result, load_factory
-from ckpt.tradeoff import ParetoResult, pareto, plot_pareto, predicted_curve, validate_time_model
+from ckpt.tools.common import loss_of
+from ckpt.tools.explainer import emit_explain, explain
+from ckpt.tools.factory import FactoryError, call_factory, check_factory_result, load_factory
+from ckpt.tools.tradeoff import ParetoResult, pareto, plot_pareto, predicted_curve, validate_time_model
 from ckpt.partitioner.solver import solve
 from ckpt.partitioner.torch_plan import plan_from_saved_names, torch_default_saved_names
-from ckpt.report import ExplainReport, graph_report, short_source
+from ckpt.tools.report import ExplainReport, graph_report, short_source
 from tests.joint import TEST_PROFILE, trace_joint
 
 
@@ -158,7 +158,7 @@ def test_solver_lambda(budget, lam):
 )
 def test_source_of_a_value(meta, expected):
     from ckpt.partitioner.analysis import describe_value
-    from ckpt.report import _source
+    from ckpt.tools.report import _source
 
     graph = torch.fx.Graph()
     node = graph.call_function(torch.ops.aten.relu.default, (graph.placeholder("x"),))
@@ -354,7 +354,7 @@ def test_factory_with_one_input_is_normalised():
     model, inputs = call_factory("tests.test_explain:tiny_factory")
     assert isinstance(model, TinyMLP) and len(inputs) == 1 and inputs[0].shape == (8, 16)
     assert check_factory_result("f", [model, [inputs[0]]])[1] == (inputs[0],)
-    assert callable(load_factory(" ckpt.factory:demo_factory "))
+    assert callable(load_factory(" ckpt.tools.factory:demo_factory "))
 
 
 @pytest.mark.parametrize(
@@ -378,9 +378,8 @@ def test_command_line_rejects_bad_arguments(argv, match, capsys):
 
 
 def test_explain_and_pareto_stay_functions_after_their_modules_are_imported():
-    import ckpt
-    import ckpt.explainer
-    import ckpt.tradeoff
+    import ckpt.tools.explainer
+    import ckpt.tools.tradeoff
 
     assert ckpt.explain is explain and ckpt.pareto is pareto
 
@@ -410,7 +409,7 @@ def test_explain_end_to_end(tmp_path):
     written = json.loads((tmp_path / f"{graph.graph}.json").read_text())
     assert written["predicted_bytes"] == report.predicted_bytes and written["measured_bytes"] is None
     # A later torch.compile of the user's model compiles afresh, at its own budget.
-    from ckpt.backend import record_partitions
+    from ckpt.records import record_partitions
 
     with record_partitions() as records:
         torch.compile(model, backend="ckpt", options={"memory_budget": "none"})(x).backward()

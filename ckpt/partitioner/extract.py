@@ -5,6 +5,11 @@ The split itself is torch's (``_extract_fwd_bwd_modules``, through
 and the backward recomputes whatever else it needs from them.  This module
 feeds it the plan and checks the result: the backward must recompute exactly
 the plan's values (plus free views), nothing else (:func:`verify_backward`).
+
+One pass finishes the backward: random ops must never run there, not even as
+dead code (:func:`drop_dead_random_ops`).  Dead-code elimination keeps them
+because they are impure, and each one advances the global RNG, so the next
+step's dropout masks would differ from eager.
 """
 
 from __future__ import annotations
@@ -14,10 +19,18 @@ from typing import Any
 import torch.fx as fx
 
 from ckpt import _torch_compat as compat
+from ckpt.cost_model.ops import OpKind, classify
 from ckpt.partitioner.analysis import JointAnalysis
 from ckpt.partitioner.plan import Plan
 
-__all__ = ["ExtractionError", "extract_modules", "recomputed_in_backward", "verify_backward"]
+__all__ = [
+    "ExtractionError",
+    "RandomInBackwardError",
+    "drop_dead_random_ops",
+    "extract_modules",
+    "recomputed_in_backward",
+    "verify_backward",
+]
 
 
 class ExtractionError(RuntimeError):
@@ -66,3 +79,35 @@ def recomputed_in_backward(bw_module: fx.GraphModule, analysis: JointAnalysis) -
         and node.name not in analysis.root_names
         and len(node.users) > 0
     }
+
+
+class RandomInBackwardError(RuntimeError):
+    """A random op is live in the backward graph: its result would differ from the forward's."""
+
+
+def _is_random(node: fx.Node) -> bool:
+    return classify(node) is OpKind.RANDOM
+
+
+def drop_dead_random_ops(bw_module: fx.GraphModule) -> fx.GraphModule:
+    """Erase random ops with no users from the backward; raise if one is used.
+
+    Postcondition: the backward graph contains no op that draws from the
+    global RNG (see :func:`ckpt.cost_model.ops.classify`).
+    """
+    changed = True
+    while changed:
+        # Erasing a dead random op can leave pure nodes dead (a getitem of another random op),
+        # and those in turn can leave the next random op dead.
+        bw_module.graph.eliminate_dead_code()
+        changed = False
+        for node in reversed(list(bw_module.graph.nodes)):
+            if _is_random(node) and not node.users:
+                bw_module.graph.erase_node(node)
+                changed = True
+    live = [node.name for node in bw_module.graph.nodes if _is_random(node)]
+    if live:
+        raise RandomInBackwardError(f"random ops would be re-drawn in the backward: {', '.join(live)}")
+    bw_module.graph.eliminate_dead_code()
+    bw_module.recompile()
+    return bw_module

@@ -41,7 +41,8 @@ import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ckpt import _torch_compat as compat
-from ckpt.backend import BudgetWarning, CkptPartitioner, record_partitions, resolve_profile
+from ckpt.backend import BudgetWarning, CkptPartitioner, resolve_profile
+from ckpt.records import record_partitions
 from ckpt.config import CkptConfig
 from tests.distributed.launch import progress
 from tests.distributed.models import BATCH, LR, STEPS, Step

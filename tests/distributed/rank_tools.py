@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ckpt.backend import PartitionRecord
+from ckpt.records import PartitionRecord
 from ckpt.measure import live_storages
 
 __all__ = [

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ckpt import _torch_compat as compat
-from ckpt.backend import record_partitions
+from ckpt.records import record_partitions
 from ckpt.measure import saved_activations
 from tests.distributed.launch import progress
 from tests.distributed.models import LR, Step, global_batches, make_net

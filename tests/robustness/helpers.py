@@ -17,7 +17,7 @@ import sympy
 import torch
 
 from ckpt import _torch_compat as compat
-from ckpt.backend import PartitionRecord, record_partitions
+from ckpt.records import PartitionRecord, record_partitions
 from ckpt.cost_model.node_cost import storage_bytes_expr
 from ckpt.measure import saved_activations
 from tests.conftest import StepResult, assert_close_grads

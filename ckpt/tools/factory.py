@@ -7,7 +7,7 @@ example inputs are what ``model(*inputs)`` is called with.
 
 :func:`demo_factory` is one for the demo GPT::
 
-    python -m ckpt explain ckpt.factory:demo_factory --budget 0.3
+    python -m ckpt explain ckpt.tools.factory:demo_factory --budget 0.3
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = ["FactoryError", "call_factory", "conv_factory", "demo_factory", "gpt_
 
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _SPEC_RE = re.compile(rf"^(?P<module>{_DOTTED}):(?P<attr>{_DOTTED})$")
-_FORM = "'module:factory', for example 'ckpt.factory:demo_factory' or 'mymodels:make_model'"
+_FORM = "'module:factory', for example 'ckpt.tools.factory:demo_factory' or 'mymodels:make_model'"
 _RETURNS = "(model, (inputs...)) or (model, input), with model a torch.nn.Module"
 
 
@@ -90,7 +90,7 @@ def call_factory(spec: str) -> tuple[torch.nn.Module, tuple[Any, ...]]:
 
 def demo_factory() -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
     """A small demo GPT (2 layers, width 64, 64 tokens, batch 4) and a batch of token ids and targets."""
-    from ckpt.demo import DemoGPT
+    from ckpt.tools.demo import DemoGPT
 
     torch.manual_seed(0)
     model = DemoGPT(vocab=128, dim=64, layers=2, heads=4, seq=64)
@@ -131,7 +131,7 @@ class _ConvNet(torch.nn.Module):
 
 def gpt_factory() -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
     """The demo GPT at width 128, 2 layers, 128 tokens, batch 8."""
-    from ckpt.demo import DemoGPT
+    from ckpt.tools.demo import DemoGPT
 
     torch.manual_seed(0)
     model = DemoGPT(vocab=256, dim=128, layers=2, heads=4, seq=128)

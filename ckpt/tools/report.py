@@ -28,7 +28,7 @@ from ckpt.partitioner.analysis import JointAnalysis, describe_value
 from ckpt.partitioner.problem import evaluate
 
 if TYPE_CHECKING:
-    from ckpt.backend import PartitionRecord
+    from ckpt.records import PartitionRecord
 
 __all__ = ["ExplainReport", "GraphReport", "PlanTotals", "graph_report", "plan_totals"]
 

@@ -8,12 +8,14 @@ totals next to the no-recompute plan and torch's default partition, and the
 solver's facts; and for the whole step, the measured activation bytes next to
 the prediction.
 
-The backend calls :func:`emit_explain` for each graph when ``CKPT_EXPLAIN`` is
-set: ``1`` logs :func:`summary_line` at INFO on the ``"ckpt"`` logger; a
-directory path writes the graph's report there as JSON and Markdown.  Those
+Each graph compiled with ``CKPT_EXPLAIN`` set reaches :func:`emit_explain`
+through a subscriber to the partition records (registered in ``ckpt``'s
+``__init__``): ``1`` logs :func:`summary_line` at INFO on the ``"ckpt"``
+logger; a directory path writes the graph's report there as JSON and
+Markdown.  Those
 reports hold predictions only, since the backend never runs a step.
 
-The report data lives in :mod:`ckpt.report`; this module runs the step and
+The report data lives in :mod:`ckpt.tools.report`; this module runs the step and
 writes the outputs.
 """
 
@@ -23,33 +25,27 @@ import copy
 import json
 import logging
 import re
-import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ckpt.report import ExplainReport, GraphReport, graph_report
+from ckpt.tools.common import LOSS_RULE, check_model, clone_inputs, compile_options, fresh_entry, loss_of
+from ckpt.tools.report import ExplainReport, GraphReport, graph_report
 
 if TYPE_CHECKING:
-    from ckpt.backend import PartitionRecord
+    from ckpt.records import PartitionRecord
 
 __all__ = [
     "ExplainReport",
     "GraphReport",
-    "clone_inputs",
     "emit_explain",
     "explain",
-    "fresh_entry",
-    "loss_of",
     "summary_line",
 ]
 
 log = logging.getLogger("ckpt")
-
-LOSS_RULE = "the output itself if it is a scalar tensor, else the sum of .sum() over its floating-point tensors"
-
 
 def summary_line(record: PartitionRecord) -> str:
     """One line per graph: saved and recomputed counts, bytes, predicted time, solver."""
@@ -95,66 +91,6 @@ def emit_explain(record: PartitionRecord, target: str) -> None:
     log.info("ckpt: wrote %s.json and %s.md to %s", stem, stem, directory)
 
 
-def loss_of(output: Any) -> torch.Tensor:
-    """The loss one explain step differentiates: see :data:`LOSS_RULE`."""
-    if isinstance(output, torch.Tensor) and output.dim() == 0:
-        if not output.requires_grad:
-            raise ValueError(
-                "the model's output does not require grad, so there is no backward to plan; "
-                "give the model parameters or inputs with requires_grad=True"
-            )
-        return output
-    leaves = torch.utils._pytree.tree_leaves(output)
-    terms = [t.sum() for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
-    if not terms:
-        raise ValueError(
-            f"the model returned {type(output).__name__} with no floating-point tensor that requires grad, "
-            f"so there is no backward to plan; explain differentiates {LOSS_RULE}"
-        )
-    return torch.stack(terms).sum() if len(terms) > 1 else terms[0]
-
-
-def clone_inputs(inputs: Sequence[Any]) -> list[Any]:
-    """Fresh copies of the tensors in ``inputs`` (same ``requires_grad``), other values as given."""
-    return [
-        x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x for x in inputs
-    ]
-
-
-def _step(model: torch.nn.Module, *inputs: Any) -> Any:
-    return model(*inputs)
-
-
-def fresh_entry(label: str) -> types.FunctionType:
-    """A function ``f(model, *inputs) -> model(*inputs)`` with a code object of its own.
-
-    Dynamo caches compiled code per code object, and parameters are graph
-    inputs: compiling through this keeps the cache entry off the model class's
-    ``forward``, so a later ``torch.compile`` of the user's model never reuses it,
-    and two budgets compiled in one process never share a graph.
-    """
-    code = _step.__code__.replace(co_name=f"ckpt_step_{label}")
-    return types.FunctionType(code, _step.__globals__, code.co_name)
-
-
-def check_model(model: Any) -> torch.nn.Module:
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    return model
-
-
-def compile_options(budget: Any, options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The ``options`` for ``torch.compile(backend="ckpt")``, checked before any compile."""
-    from ckpt.config import CkptConfig, parse_budget
-
-    merged = dict(options or {})
-    if budget is not None:
-        parse_budget(budget, "budget")
-        merged["memory_budget"] = budget
-    CkptConfig.from_sources(merged)  # raises on unknown keys and bad values, naming them
-    return merged
-
-
 def explain(
     model: torch.nn.Module,
     *example_inputs: Any,
@@ -171,7 +107,7 @@ def explain(
     :data:`LOSS_RULE`.
     """
     from ckpt import _torch_compat as compat
-    from ckpt.backend import record_partitions
+    from ckpt.records import record_partitions
     from ckpt.config import CkptConfig
     from ckpt.measure import saved_activations
 

@@ -1,7 +1,7 @@
 """The time-memory trade-off across budgets: predicted curve, measured points, and a check of the time model.
 
 :func:`pareto` compiles the model at a few budgets and measures each (bytes,
-median step time; :mod:`ckpt.measure_budgets`).  The curve itself needs no
+median step time; :mod:`ckpt.tools.sweep`).  The curve itself needs no
 more compiles: the partition records hold each graph's plain-data problem,
 and :func:`ckpt.partitioner.solve` is run on it at many budget fractions.
 The PNG shows the curve, the measured points over it and the chosen budget.
@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 
-from ckpt.measure_budgets import Measurement, measure_budgets
+from ckpt.tools.common import check_statistic, require_matplotlib
+from ckpt.tools.sweep import Measurement, measure_budgets
 
 __all__ = ["CurvePoint", "ParetoResult", "TimeValidation", "pareto", "predicted_curve", "validate_time_model"]
 
 DEFAULT_MEASURE = ("none", "0.5", "0.25", "0")
-_PLOT_EXTRA = "pip install 'torch-ckpt[plot]'"
 
 
 @dataclass(frozen=True)
@@ -75,16 +75,6 @@ def predicted_curve(records: Sequence[Any], *, points: int = 41, effort: float =
     return [_point(records, b, effort) for b in budgets]
 
 
-def _require_matplotlib() -> Any:
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as error:
-        raise ImportError(
-            f"the Pareto plot needs matplotlib, which is not installed; install the plot extra: {_PLOT_EXTRA}"
-        ) from error
-    return Figure
-
-
 @dataclass(frozen=True)
 class ParetoResult:
     budget: str
@@ -110,7 +100,7 @@ class ParetoResult:
         }
 
     def __str__(self) -> str:
-        from ckpt.report import format_bytes, table
+        from ckpt.tools.report import format_bytes, table
 
         rows = [
             [m.budget, format_bytes(m.predicted_bytes), format_bytes(m.measured_bytes),
@@ -130,7 +120,7 @@ class ParetoResult:
 
 def plot_pareto(result: ParetoResult, path: str | Path) -> Path:
     """Draw ``result`` to a PNG at ``path``: curve, measured points, chosen budget."""
-    figure_class = _require_matplotlib()
+    figure_class = require_matplotlib()
     mib = 2**20
     anchor = result._anchor()
 
@@ -193,13 +183,11 @@ def pareto(
     ``path=None`` skips the plot (and matplotlib).
     """
     from ckpt.config import parse_budget
-    from ckpt.measure_budgets import _check_statistic
-
-    _check_statistic(statistic)
+    check_statistic(statistic)
     chosen_budget = parse_budget(budget, "budget")
     measured_budgets = _budget_list("measure", measure)
     if path is not None:
-        _require_matplotlib()  # fail before compiling
+        require_matplotlib()  # fail before compiling
     if str(chosen_budget) not in measured_budgets:
         measured_budgets.append(str(chosen_budget))
     measured = measure_budgets(model, example_inputs, measured_budgets, steps=steps, options=options)
@@ -247,7 +235,7 @@ class TimeValidation:
         return {"baseline": self.baseline.to_dict(), "checks": rows, "statistic": self.statistic}
 
     def __str__(self) -> str:
-        from ckpt.report import format_bytes, table
+        from ckpt.tools.report import format_bytes, table
 
         b = self.baseline
         rows = [[c.budget, format_bytes(c.predicted_bytes), format_bytes(c.measured_bytes),
@@ -280,9 +268,7 @@ def validate_time_model(
     ``statistic`` summarises the timed steps: ``"median"``, or ``"min"`` on a
     machine shared with other work, where interference only adds time.
     """
-    from ckpt.measure_budgets import _check_statistic
-
-    _check_statistic(statistic)
+    check_statistic(statistic)
     names = [b for b in _budget_list("budgets", budgets) if b != "none"]
     if steps < 2:
         raise ValueError(f"steps={steps!r} is too few to tell change from noise; give an integer >= 2")

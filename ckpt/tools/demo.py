@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ckpt import _torch_compat as compat
-from ckpt.backend import record_partitions
+from ckpt.records import record_partitions
 from ckpt.measure import saved_activations
 
 __all__ = ["DemoGPT", "DemoRow", "run_demo"]

@@ -28,20 +28,19 @@ from typing import Any
 
 import torch
 
-from ckpt.explainer import check_model, clone_inputs, compile_options, fresh_entry, loss_of
-from ckpt.report import plan_totals
+from ckpt.tools.common import (
+    STATISTICS,
+    check_model,
+    check_statistic,
+    clone_inputs,
+    compile_options,
+    fresh_entry,
+    loss_of,
+    summarise,
+)
+from ckpt.tools.report import plan_totals
 
 __all__ = ["STATISTICS", "Measurement", "measure_budgets"]
-
-
-_STATISTICS = {"median": statistics.median, "min": min}
-STATISTICS = tuple(_STATISTICS)
-
-
-def _check_statistic(statistic: str) -> str:
-    if statistic not in _STATISTICS:
-        raise ValueError(f"statistic={statistic!r} is not known; use one of {', '.join(map(repr, _STATISTICS))}")
-    return statistic
 
 
 @dataclass(frozen=True)
@@ -65,15 +64,16 @@ class Measurement:
 
     def seconds(self, statistic: str = "median") -> float:
         """The step time by ``statistic``: ``"median"``, or ``"min"`` (robust on a shared machine)."""
-        return _STATISTICS[_check_statistic(statistic)](self.step_seconds) if self.step_seconds else math.nan
+        return summarise(statistic, self.step_seconds) if self.step_seconds else math.nan
 
     def error(self, statistic: str = "median") -> float:
         """Bootstrap standard error of :meth:`seconds` (seeded, so reports repeat)."""
         times = self.step_seconds
         if len(times) < 2:
             return math.nan
-        stat, rng = _STATISTICS[_check_statistic(statistic)], random.Random(0)
-        estimates = [stat([rng.choice(times) for _ in times]) for _ in range(200)]
+        check_statistic(statistic)
+        rng = random.Random(0)
+        estimates = [summarise(statistic, [rng.choice(times) for _ in times]) for _ in range(200)]
         return statistics.stdev(estimates)
 
     @property
@@ -118,7 +118,7 @@ def _run(setting: _Setting) -> float:
 def _first_step(setting: _Setting) -> Measurement:
     """Compile and run once, recording the partitions and the saved bytes."""
     from ckpt import _torch_compat as compat
-    from ckpt.backend import record_partitions
+    from ckpt.records import record_partitions
     from ckpt.measure import saved_activations
 
     tensors = [x for x in setting.inputs if isinstance(x, torch.Tensor)]

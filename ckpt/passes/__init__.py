@@ -1,1 +1,0 @@
-"""FX passes on the joint graph and on the extracted forward and backward graphs."""

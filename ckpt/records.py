@@ -1,0 +1,108 @@
+"""What the partitioner decided, one :class:`PartitionRecord` per joint graph.
+
+The backend publishes a record for every graph it partitions (or falls back
+on).  Anyone may listen: :func:`record_partitions` collects the records made
+inside a block, and :func:`subscribe` registers a function called with each
+record as it is published (the explain report written for ``CKPT_EXPLAIN``
+is one such subscriber).  This module sits below the backend and the tools,
+so both import it and neither imports the other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ckpt.config import Budget
+    from ckpt.cost_model.profiles import DeviceProfile
+    from ckpt.partitioner.analysis import JointAnalysis
+    from ckpt.partitioner.plan import Plan
+
+__all__ = ["PartitionRecord", "publish", "record_partitions", "subscribe", "unsubscribe"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PartitionRecord:
+    """What the partitioner decided for one joint graph.
+
+    ``analysis`` and ``plan`` are None when the graph fell back to torch's
+    partition (``fallback_reason`` says why).  ``torch_plan`` is torch's
+    default partition in ckpt's terms, evaluated only when explaining.
+    ``explain`` is the ``CKPT_EXPLAIN`` target the graph compiled with.
+    """
+
+    graph: str
+    analysis: JointAnalysis | None
+    plan: Plan | None
+    budget: Budget
+    budget_bytes: int | None
+    profile: DeviceProfile
+    solve_seconds: float
+    fallback_reason: str | None = None
+    torch_plan: Plan | None = None
+    explain: str | None = None
+
+    @property
+    def fingerprint(self) -> str | None:
+        """A short hash of the plan's decisions, equal on every rank that makes the same plan."""
+        if self.plan is None or self.analysis is None:
+            return None
+        return self.plan.fingerprint(self.analysis.problem)
+
+
+Subscriber = Callable[[PartitionRecord], None]
+
+_lock = threading.Lock()
+_collectors: list[list[PartitionRecord]] = []
+_subscribers: list[Subscriber] = []
+
+
+@contextlib.contextmanager
+def record_partitions() -> Iterator[list[PartitionRecord]]:
+    """Collect a :class:`PartitionRecord` for every graph partitioned inside the block."""
+    records: list[PartitionRecord] = []
+    with _lock:
+        _collectors.append(records)
+    try:
+        yield records
+    finally:
+        with _lock:
+            _collectors.remove(records)
+
+
+def subscribe(subscriber: Subscriber) -> None:
+    """Call ``subscriber(record)`` for every record published from now on (once, however often subscribed)."""
+    with _lock:
+        if subscriber not in _subscribers:
+            _subscribers.append(subscriber)
+
+
+def unsubscribe(subscriber: Subscriber) -> None:
+    with _lock:
+        if subscriber in _subscribers:
+            _subscribers.remove(subscriber)
+
+
+def publish(record: PartitionRecord) -> None:
+    """Hand ``record`` to every open :func:`record_partitions` block and every subscriber.
+
+    A subscriber that raises is logged and skipped: listeners must never
+    change how a graph compiles.
+    """
+    with _lock:
+        collectors = list(_collectors)
+        subscribers = list(_subscribers)
+    for records in collectors:
+        records.append(record)
+    for subscriber in subscribers:
+        try:
+            subscriber(record)
+        except Exception:  # a listener's bug must not change how the graph compiles
+            log.warning("ckpt: a partition-record subscriber failed on graph %r", record.graph, exc_info=True)
