@@ -100,6 +100,7 @@ class _Graph:
     backward: set[fx.Node]  # downstream of the tangents, or tagged to run in the backward
     forward_required: set[fx.Node]  # needed to produce the forward outputs and forward mutations
     mutated_inputs: set[fx.Node]
+    order: dict[fx.Node, int]  # topological index of every node
 
 
 def _root(node: fx.Node, kinds: dict[fx.Node, OpKind]) -> fx.Node:
@@ -163,6 +164,7 @@ def _classify_graph(joint: fx.GraphModule, num_fwd_outputs: int, kinds: dict[fx.
         backward=backward,
         forward_required=forward_required,
         mutated_inputs=mutated_inputs,
+        order={node: i for i, node in enumerate(nodes)},
     )
 
 
@@ -203,6 +205,33 @@ def _recompute_constraint(node: fx.Node, kind: OpKind, graph: _Graph, kinds: dic
     return None
 
 
+@dataclass(frozen=True)
+class _Costs:
+    """One problem value's row: what saving and recomputing it cost, and whether each is allowed."""
+
+    save_bytes: int
+    save_bytes_expr: Size
+    recompute_bytes: int
+    save_time: int
+    recompute_time: int
+    save_reason: str | None
+    recompute_reason: str | None
+
+
+@dataclass
+class _Context:
+    """What pricing one value needs to know about the whole joint graph."""
+
+    profile: DeviceProfile
+    sizes: SizeEvaluator
+    graph: _Graph
+    kinds: dict[fx.Node, OpKind]
+    estimates: dict[fx.Node, NodeEstimate]
+    users: dict[fx.Node, list[fx.Node]]  # users of each root, looking through views
+    fwd_output_roots: set[fx.Node]
+    charged_inputs: set[fx.Node]  # graph inputs whose saving keeps memory alive
+
+
 def analyze_joint(
     joint: fx.GraphModule,
     num_fwd_outputs: int,
@@ -217,8 +246,51 @@ def analyze_joint(
     any saved value.  Other inputs (parameters, buffers, the user's tensors)
     live anyway and are free to save.
     """
+    context = _context(joint, num_fwd_outputs, profile, activation_inputs)
+    kinds, graph = context.kinds, context.graph
+    needed, ordered = _problem_values(graph, kinds)
+    index = {node: i for i, node in enumerate(ordered)}
+    rows = [_price(node, context) for node in ordered]
+    problem = Problem(
+        names=tuple(n.name for n in ordered),
+        inputs=tuple(tuple(sorted({index[_root(a, kinds)] for a in n.all_input_nodes})) for n in ordered),
+        needed=tuple(n in needed for n in ordered),
+        save_bytes=tuple(r.save_bytes for r in rows),
+        save_time=tuple(r.save_time for r in rows),
+        recompute_time=tuple(r.recompute_time for r in rows),
+        can_save=tuple(r.save_reason is None for r in rows),
+        can_recompute=tuple(r.recompute_reason is None for r in rows),
+        recompute_bytes=tuple(r.recompute_bytes for r in rows),
+    )
+    reasons: dict[str, str] = {}
+    for node, row in zip(ordered, rows):
+        if row.save_reason:
+            reasons[f"{node.name}:save"] = row.save_reason
+        if row.recompute_reason:
+            reasons[f"{node.name}:recompute"] = row.recompute_reason
+    baseline = _no_recompute_plan(problem)
+    return JointAnalysis(
+        problem=problem,
+        nodes=tuple(ordered),
+        estimates={n.name: e for n, e in context.estimates.items()},
+        no_recompute_saved=baseline,
+        no_recompute_bytes=evaluate(problem, baseline)[1],
+        fixed_seconds=_fixed_seconds(context),
+        reasons=reasons,
+        forward_names=frozenset(
+            n.name for n in joint.graph.nodes if n.op == "call_function" and n not in graph.backward
+        ),
+        root_names={n.name: _root(n, kinds).name for n in context.estimates if _root(n, kinds) is not n},
+        save_bytes_exprs=tuple(r.save_bytes_expr for r in rows),
+        size_hints=context.sizes.hints,
+    )
+
+
+def _context(
+    joint: fx.GraphModule, num_fwd_outputs: int, profile: DeviceProfile, activation_inputs: frozenset[int]
+) -> _Context:
+    """Estimate every node once and classify the graph."""
     sizes = SizeEvaluator.for_graph(joint.graph)
-    order = {node: i for i, node in enumerate(joint.graph.nodes)}
     estimates: dict[fx.Node, NodeEstimate] = {
         node: estimate_node(node, sizes) for node in joint.graph.nodes if node.op == "call_function"
     }
@@ -226,21 +298,37 @@ def analyze_joint(
     for node in joint.graph.nodes:
         kinds.setdefault(node, OpKind.OTHER)
     graph = _classify_graph(joint, num_fwd_outputs, kinds)
+    users: dict[fx.Node, list[fx.Node]] = {}
+    for node in joint.graph.nodes:
+        if node.op == "output" or kinds[node] is OpKind.VIEW:
+            continue
+        for arg in node.all_input_nodes:
+            users.setdefault(_root(arg, kinds), []).append(node)
+    charged_inputs = _inputs_copied_for_convolution(joint, lambda n: _root(n, kinds))
+    primals = [n for n in joint.graph.nodes if n.op == "placeholder" and compat.is_primal(n)]
+    charged_inputs |= {primals[i] for i in sorted(activation_inputs) if i < len(primals)}
+    return _Context(
+        profile=profile,
+        sizes=sizes,
+        graph=graph,
+        kinds=kinds,
+        estimates=estimates,
+        users=users,
+        fwd_output_roots={_root(n, kinds) for n in graph.fwd_outputs},
+        charged_inputs=charged_inputs,
+    )
 
-    def root(node: fx.Node) -> fx.Node:
-        return _root(node, kinds)
 
-    # Roots the backward reads.
+def _problem_values(graph: _Graph, kinds: dict[fx.Node, OpKind]) -> tuple[set[fx.Node], list[fx.Node]]:
+    """The roots the backward reads, and those roots with everything they are computed from, in graph order."""
     needed: set[fx.Node] = set()
     for node in graph.backward:
         for arg in node.all_input_nodes:
             if arg not in graph.backward:
-                needed.add(root(arg))
+                needed.add(_root(arg, kinds))
     for node in graph.bwd_outputs:
         if node not in graph.backward:
-            needed.add(root(node))
-
-    # The problem's values: the needed roots and everything they are computed from.
+            needed.add(_root(node, kinds))
     members: set[fx.Node] = set()
     stack = list(needed)
     while stack:
@@ -248,109 +336,65 @@ def analyze_joint(
         if node in members:
             continue
         members.add(node)
-        stack.extend(root(a) for a in node.all_input_nodes)
-    ordered = sorted(members, key=order.__getitem__)
-    index = {node: i for i, node in enumerate(ordered)}
+        stack.extend(_root(a, kinds) for a in node.all_input_nodes)
+    return needed, sorted(members, key=graph.order.__getitem__)
 
-    # Users of each root, looking through views, for the fusion terms.
-    users: dict[fx.Node, list[fx.Node]] = {}
-    for node in joint.graph.nodes:
-        if node.op == "output" or kinds[node] is OpKind.VIEW:
-            continue
-        for arg in node.all_input_nodes:
-            users.setdefault(root(arg), []).append(node)
-    fwd_output_roots = {root(n) for n in graph.fwd_outputs}
-    charged_inputs = _inputs_copied_for_convolution(joint, root)
-    primals = [n for n in joint.graph.nodes if n.op == "placeholder" and compat.is_primal(n)]
-    charged_inputs |= {primals[i] for i in sorted(activation_inputs) if i < len(primals)}
 
-    inputs: list[tuple[int, ...]] = []
-    save_bytes: list[int] = []
-    save_bytes_exprs: list[Size] = []
-    recompute_bytes: list[int] = []
-    save_time: list[int] = []
-    recompute_time: list[int] = []
-    can_save: list[bool] = []
-    can_recompute: list[bool] = []
-    reasons: dict[str, str] = {}
-    for node in ordered:
-        kind = kinds[node]
-        preds = sorted({index[root(a)] for a in node.all_input_nodes}, key=lambda i: i)
-        inputs.append(tuple(preds))
-        save_reason = _save_constraint(node, graph)
-        recompute_reason = _recompute_constraint(node, kind, graph, kinds)
-        value = node.meta.get("val")
-        nbytes_expr: Size = storage_bytes_expr(value) if isinstance(value, torch.Tensor) else 0
-        nbytes = sizes(nbytes_expr)
-        node_users = users.get(node, [])
-        extern_user = any(kinds[u] not in _FUSIBLE_KINDS for u in node_users)
-        extern_forward_user = any(kinds[u] not in _FUSIBLE_KINDS for u in node_users if u not in graph.backward)
-        fusible = kind in _FUSIBLE_KINDS and node.op == "call_function"
-        in_forward = node in graph.forward_required or node.op == "placeholder"
-        # Save: the backward reads it; a fused value must also be written in the forward.
-        write_in_forward = fusible and not extern_forward_user and node not in fwd_output_roots
-        is_tensor = isinstance(value, torch.Tensor)
-        elements = sizes(numel_expr(value)) if is_tensor else 0
-        itemsize = value.element_size() if is_tensor else 0
-        seconds_save = tensor_read_seconds(profile, nbytes, elements, itemsize)
-        if write_in_forward:
-            seconds_save += tensor_write_seconds(profile, nbytes, elements, itemsize)
-        if isinstance(value, (torch.SymInt, torch.SymBool, torch.SymFloat)) or compat.is_opaque_value(value):
-            seconds_save = 0.0
-        # Recompute.
-        estimate = estimates.get(node)
-        if not in_forward or estimate is None or kind is OpKind.GETITEM:
-            seconds_recompute = 0.0
-        elif fusible:
-            seconds_recompute = elementwise_seconds(profile, estimate.elements, estimate.transcendental)
-            if extern_user:
-                seconds_recompute += 2 * transfer_seconds(profile, estimate.bytes_written) + profile.kernel_overhead
-        else:
-            seconds_recompute = _library_call_seconds(profile, estimate)
-        # A graph input is available to the backward for free (only its read costs time),
-        # unless it is an activation passed in, or Inductor hands the backward a copy of it.
-        is_input = node.op == "placeholder" and node not in charged_inputs
-        save_bytes.append(0 if is_input else nbytes)
-        save_bytes_exprs.append(0 if is_input else nbytes_expr)
+def _price(node: fx.Node, context: _Context) -> _Costs:
+    """Saving and recomputing ``node``: bytes, time and the hard constraints."""
+    kind = context.kinds[node]
+    value = node.meta.get("val")
+    is_tensor = isinstance(value, torch.Tensor)
+    nbytes_expr: Size = storage_bytes_expr(value) if is_tensor else 0
+    # A graph input is available to the backward for free (only its read costs time),
+    # unless it is an activation passed in, or Inductor hands the backward a copy of it.
+    is_free_input = node.op == "placeholder" and node not in context.charged_inputs
+    return _Costs(
+        save_bytes=0 if is_free_input else context.sizes(nbytes_expr),
+        save_bytes_expr=0 if is_free_input else nbytes_expr,
         # A random op that a checkpoint region recomputes replays the forward's RNG state,
         # which torch saves for the backward.
-        recompute_bytes.append(compat.rng_state_bytes(value) if kind is OpKind.RANDOM else 0)
-        save_time.append(to_picoseconds(seconds_save))
-        recompute_time.append(to_picoseconds(seconds_recompute))
-        can_save.append(save_reason is None)
-        can_recompute.append(recompute_reason is None)
-        if save_reason:
-            reasons[f"{node.name}:save"] = save_reason
-        if recompute_reason:
-            reasons[f"{node.name}:recompute"] = recompute_reason
+        recompute_bytes=compat.rng_state_bytes(value) if kind is OpKind.RANDOM else 0,
+        save_time=to_picoseconds(_save_seconds(node, context)),
+        recompute_time=to_picoseconds(_recompute_seconds(node, context)),
+        save_reason=_save_constraint(node, context.graph),
+        recompute_reason=_recompute_constraint(node, kind, context.graph, context.kinds),
+    )
 
-    problem = Problem(
-        names=tuple(n.name for n in ordered),
-        inputs=tuple(inputs),
-        needed=tuple(n in needed for n in ordered),
-        save_bytes=tuple(save_bytes),
-        save_time=tuple(save_time),
-        recompute_time=tuple(recompute_time),
-        can_save=tuple(can_save),
-        can_recompute=tuple(can_recompute),
-        recompute_bytes=tuple(recompute_bytes),
+
+def _save_seconds(node: fx.Node, context: _Context) -> float:
+    """The backward reads a saved value; a value that would stay inside a fused kernel is also written."""
+    value = node.meta.get("val")
+    if isinstance(value, (torch.SymInt, torch.SymBool, torch.SymFloat)) or compat.is_opaque_value(value):
+        return 0.0
+    kinds, profile = context.kinds, context.profile
+    is_tensor = isinstance(value, torch.Tensor)
+    nbytes = context.sizes(storage_bytes_expr(value)) if is_tensor else 0
+    elements = context.sizes(numel_expr(value)) if is_tensor else 0
+    itemsize = value.element_size() if is_tensor else 0
+    seconds = tensor_read_seconds(profile, nbytes, elements, itemsize)
+    fusible = kinds[node] in _FUSIBLE_KINDS and node.op == "call_function"
+    extern_forward_user = any(
+        kinds[u] not in _FUSIBLE_KINDS for u in context.users.get(node, []) if u not in context.graph.backward
     )
-    baseline = _no_recompute_plan(problem)
-    return JointAnalysis(
-        problem=problem,
-        nodes=tuple(ordered),
-        estimates={n.name: e for n, e in estimates.items()},
-        no_recompute_saved=baseline,
-        no_recompute_bytes=evaluate(problem, baseline)[1],
-        fixed_seconds=_fixed_seconds(joint, estimates, kinds, users, profile),
-        reasons=reasons,
-        forward_names=frozenset(
-            n.name for n in joint.graph.nodes if n.op == "call_function" and n not in graph.backward
-        ),
-        root_names={n.name: root(n).name for n in estimates if root(n) is not n},
-        save_bytes_exprs=tuple(save_bytes_exprs),
-        size_hints=sizes.hints,
-    )
+    if fusible and not extern_forward_user and node not in context.fwd_output_roots:
+        seconds += tensor_write_seconds(profile, nbytes, elements, itemsize)
+    return seconds
+
+
+def _recompute_seconds(node: fx.Node, context: _Context) -> float:
+    """Fused ops cost their arithmetic (plus a round trip if a library call reads them); library calls their roofline."""
+    kind, profile = context.kinds[node], context.profile
+    estimate = context.estimates.get(node)
+    in_forward = node in context.graph.forward_required or node.op == "placeholder"
+    if not in_forward or estimate is None or kind is OpKind.GETITEM:
+        return 0.0
+    if not (kind in _FUSIBLE_KINDS and node.op == "call_function"):
+        return _library_call_seconds(profile, estimate)
+    seconds = elementwise_seconds(profile, estimate.elements, estimate.transcendental)
+    if any(context.kinds[u] not in _FUSIBLE_KINDS for u in context.users.get(node, [])):
+        seconds += 2 * transfer_seconds(profile, estimate.bytes_written) + profile.kernel_overhead
+    return seconds
 
 
 def _inputs_copied_for_convolution(joint: fx.GraphModule, root: Any) -> set[fx.Node]:
@@ -400,16 +444,11 @@ def _library_call_seconds(profile: DeviceProfile, estimate: NodeEstimate) -> flo
     )
 
 
-def _fixed_seconds(
-    joint: fx.GraphModule,
-    estimates: dict[fx.Node, NodeEstimate],
-    kinds: dict[fx.Node, OpKind],
-    users: dict[fx.Node, list[fx.Node]],
-    profile: DeviceProfile,
-) -> float:
+def _fixed_seconds(context: _Context) -> float:
     """A rough forward + backward time: library calls at roofline, fused chains by their materialised tensors."""
+    kinds, profile = context.kinds, context.profile
     total = 0.0
-    for node, estimate in estimates.items():
+    for node, estimate in context.estimates.items():
         kind = kinds[node]
         if kind in (OpKind.VIEW, OpKind.GETITEM, OpKind.OTHER):
             continue
@@ -417,7 +456,7 @@ def _fixed_seconds(
             total += _library_call_seconds(profile, estimate)
             continue
         total += elementwise_seconds(profile, estimate.elements, estimate.transcendental)
-        node_users = users.get(node, [])
+        node_users = context.users.get(node, [])
         if not node_users or any(kinds[u] not in _FUSIBLE_KINDS or u.op == "output" for u in node_users):
             total += 2 * transfer_seconds(profile, estimate.bytes_written) + profile.kernel_overhead
     return total
