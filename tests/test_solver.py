@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckpt.partitioner import Problem, ProblemError, evaluate, solve, solve_exhaustive
+from ckpt.partitioner import Plan, Problem, ProblemError, evaluate, solve, solve_exhaustive
 from ckpt.partitioner.maxflow import INFINITE, FlowNetwork
 
 
@@ -72,17 +72,27 @@ RANDOM = problem(
 NAMED = {"chain": CHAIN, "diamond": DIAMOND, "attention": ATTENTION, "random": RANDOM}
 
 
+# Every solver keeps one contract; each is checked against the brute-force oracle by the same tests.
+SOLVERS = {"min-cut": lambda p, budget: solve(p, budget, effort=1000.0), "exhaustive": solve_exhaustive}
+
+
+def _oracle_agrees(p: Problem, budget: int | None, got: Plan) -> None:
+    want = solve_exhaustive(p, budget)
+    if want.over_budget:
+        assert got.over_budget and got.bytes == got.minimum_bytes == want.minimum_bytes == _minimum_bytes(p)
+        assert got.time == want.time  # the least time among the leanest plans
+        return
+    assert (got.time, got.bytes) == (want.time, want.bytes), budget
+    assert got.optimal and not got.over_budget
+    assert got.bytes <= (budget if budget is not None else got.bytes)
+
+
+@pytest.mark.parametrize("solver", sorted(SOLVERS))
 @pytest.mark.parametrize("name", sorted(NAMED))
-def test_named_graphs_match_brute_force_across_budgets(name):
+def test_named_graphs_match_brute_force_across_budgets(name, solver):
     p = NAMED[name]
     for budget in [None, *range(0, p.total_save_bytes + 50, 25)]:
-        want = solve_exhaustive(p, budget)
-        got = solve(p, budget, effort=1000.0)
-        if want is None:
-            assert got.over_budget and got.minimum_bytes == got.bytes
-            continue
-        assert (got.time, got.bytes) == (want.time, want.bytes), (name, budget)
-        assert got.optimal and got.bytes <= (budget if budget is not None else got.bytes)
+        _oracle_agrees(p, budget, SOLVERS[solver](p, budget))
 
 
 def test_chain_recomputes_the_cheap_op_and_saves_the_matmul():
@@ -152,21 +162,23 @@ def problems(draw, max_values: int = 12):
     )
 
 
-@given(problems(), st.floats(0.0, 1.0))
-def test_random_problems_match_brute_force(p, fraction):
-    unconstrained = solve_exhaustive(p, None)
-    if unconstrained is None:
+@pytest.mark.parametrize("solver", sorted(SOLVERS))
+@given(p=problems(), fraction=st.floats(0.0, 1.0))
+def test_random_problems_match_brute_force(solver, p, fraction):
+    if not _feasible(p):
         with pytest.raises(ValueError, match="no feasible plan"):
-            solve(p, None)
+            SOLVERS[solver](p, None)
         return
     budget = int(fraction * p.total_bytes)
-    want = solve_exhaustive(p, budget)
-    got = solve(p, budget, effort=1000.0)
-    if want is None:
-        assert got.over_budget and got.bytes == got.minimum_bytes == _minimum_bytes(p)
-        return
-    assert (got.time, got.bytes) == (want.time, want.bytes)
-    assert got.optimal
+    _oracle_agrees(p, budget, SOLVERS[solver](p, budget))
+
+
+def _feasible(p: Problem) -> bool:
+    try:
+        solve_exhaustive(p, None)
+    except ValueError:
+        return False
+    return True
 
 
 def _minimum_bytes(p: Problem) -> int:
@@ -185,7 +197,7 @@ def _minimum_bytes(p: Problem) -> int:
 
 @given(problems())
 def test_smaller_budget_never_saves_more(p):
-    if solve_exhaustive(p, None) is None:
+    if not _feasible(p):
         return
     previous = None
     for fraction in (1.0, 0.75, 0.5, 0.25, 0.1, 0.0):
@@ -197,7 +209,7 @@ def test_smaller_budget_never_saves_more(p):
 
 @given(problems())
 def test_plans_are_deterministic(p):
-    if solve_exhaustive(p, None) is None:
+    if not _feasible(p):
         return
     budget = p.total_save_bytes // 3
     first, second = solve(p, budget, effort=1000.0), solve(p, budget, effort=1000.0)
@@ -218,7 +230,7 @@ def test_no_cap_slack_takes_the_leanest_plan_within_it():
 @given(problems(), st.sampled_from([1, 50, 400]))
 def test_slack_keeps_the_budget_and_saved_bytes_monotone(p, slack):
     """With slack, a budget never saves more than a larger one, nor more than no cap (when above it)."""
-    if solve_exhaustive(p, None) is None:
+    if not _feasible(p):
         return
     no_cap = solve(p, None, slack_ps=slack)
     previous = None

@@ -1,14 +1,16 @@
 """Brute force over every saved set: the oracle for small problems.
 
 It enumerates all subsets of the values that can be saved, so it is only for
-problems with a handful of such values (the tests use it up to 14).
+problems with a handful of such values (the tests use it up to 14).  It keeps
+the contract of :func:`ckpt.partitioner.solver.solve`, so one test runs the
+oracle against every solver.
 """
 
 from __future__ import annotations
 
 import itertools
 
-from ckpt.partitioner.plan import Plan
+from ckpt.partitioner.plan import Plan, make_plan
 from ckpt.partitioner.problem import Problem, ProblemError, evaluate
 
 __all__ = ["MAX_EXHAUSTIVE", "solve_exhaustive"]
@@ -16,34 +18,35 @@ __all__ = ["MAX_EXHAUSTIVE", "solve_exhaustive"]
 MAX_EXHAUSTIVE = 20
 
 
-def solve_exhaustive(problem: Problem, budget_bytes: int | None) -> Plan | None:
-    """The least (time, bytes) plan within ``budget_bytes``, or None if none fits."""
+def solve_exhaustive(problem: Problem, budget_bytes: int | None) -> Plan:
+    """The least (time, bytes) plan with saved bytes <= ``budget_bytes`` (None: no cap).
+
+    As :func:`~ckpt.partitioner.solver.solve`: if no plan fits the budget,
+    the plan with the fewest bytes (least time among those), with
+    ``over_budget`` true and ``minimum_bytes`` set; a ValueError if the
+    problem has no feasible plan at all.
+    """
     candidates = [i for i in range(len(problem)) if problem.can_save[i]]
     if len(candidates) > MAX_EXHAUSTIVE:
         raise ValueError(
             f"solve_exhaustive: {len(candidates)} saveable values is too many; at most {MAX_EXHAUSTIVE} are allowed"
         )
-    best: tuple[int, int, frozenset[int], frozenset[int]] | None = None
+    best: tuple[int, int, tuple[int, ...]] | None = None  # (time, bytes, saved) within budget
+    leanest: tuple[int, int, tuple[int, ...]] | None = None  # (bytes, time, saved) of any valid plan
     for r in range(len(candidates) + 1):
         for subset in itertools.combinations(candidates, r):
             try:
-                time, memory, recomputed = evaluate(problem, subset)
+                time, memory, _ = evaluate(problem, subset)
             except ProblemError:
                 continue
-            if budget_bytes is not None and memory > budget_bytes:
-                continue
-            if best is None or (time, memory) < (best[0], best[1]):
-                best = (time, memory, frozenset(subset), recomputed)
+            if leanest is None or (memory, time) < leanest[:2]:
+                leanest = (memory, time, subset)
+            if (budget_bytes is None or memory <= budget_bytes) and (best is None or (time, memory) < best[:2]):
+                best = (time, memory, subset)
+    if leanest is None:
+        raise ValueError("the problem has no feasible plan at all: some needed value can be neither saved nor recomputed")
     if best is None:
-        return None
-    time, memory, saved, recomputed = best
-    return Plan(
-        saved=tuple(sorted(saved)),
-        recomputed=tuple(sorted(recomputed)),
-        time=time,
-        bytes=memory,
-        solver="exhaustive",
-        optimal=True,
-        lower_bound=time,
-        budget_bytes=budget_bytes,
-    )
+        return make_plan(
+            problem, set(leanest[2]), "exhaustive", optimal=True, budget_bytes=budget_bytes, minimum_bytes=leanest[0]
+        )
+    return make_plan(problem, set(best[2]), "exhaustive", optimal=True, lower_bound=best[0], budget_bytes=budget_bytes)

@@ -34,10 +34,11 @@ import heapq
 import itertools
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ckpt.partitioner.min_cut import CutNetwork
-from ckpt.partitioner.plan import Plan
+from ckpt.partitioner.plan import Plan, make_plan
 from ckpt.partitioner.problem import Problem, evaluate
 from ckpt.partitioner.repair import mix_plans
 
@@ -109,6 +110,35 @@ class _Cutter:
         )
         return None if mixed is None else self.point(mixed)
 
+    def walk(
+        self,
+        fast: _Point,
+        lean: _Point,
+        on_fast_side: Callable[[_Point], bool],
+        force: frozenset[int] = frozenset(),
+        forbid: frozenset[int] = frozenset(),
+        work_limit: float = math.inf,
+    ) -> tuple[_Point, _Point] | None:
+        """Narrow two hull points to the adjacent pair that ``on_fast_side`` tells apart (Eisner-Severance).
+
+        Each cut at the slope between ``fast`` and ``lean`` either finds no
+        hull point below that line (they are adjacent) or a new one, which
+        replaces the end on its side.  None if the work reached ``work_limit``.
+        """
+        while True:
+            if self.work >= work_limit:
+                return None
+            alpha = fast.bytes - lean.bytes
+            beta = lean.key - fast.key
+            candidate = self.cut(alpha, beta, force, forbid)
+            assert candidate is not None  # the same constraints gave `fast` and `lean`
+            if alpha * candidate.key + beta * candidate.bytes >= alpha * fast.key + beta * fast.bytes:
+                return fast, lean
+            if on_fast_side(candidate):
+                fast = candidate
+            else:
+                lean = candidate
+
     def relax(
         self, budget: int | None, force: frozenset[int], forbid: frozenset[int], work_limit: float = math.inf
     ) -> _Relaxation | None:
@@ -122,19 +152,10 @@ class _Cutter:
         assert lean is not None  # same constraints as `fast`, which was feasible
         if lean.bytes > budget:
             return _Relaxation("infeasible", lean=lean)
-        while True:
-            if self.work >= work_limit:
-                return None
-            alpha = fast.bytes - lean.bytes
-            beta = lean.key - fast.key
-            candidate = self.cut(alpha, beta, force, forbid)
-            assert candidate is not None
-            if alpha * candidate.key + beta * candidate.bytes >= alpha * fast.key + beta * fast.bytes:
-                break
-            if candidate.bytes > budget:
-                fast = candidate
-            else:
-                lean = candidate
+        ends = self.walk(fast, lean, lambda point: point.bytes > budget, force, forbid, work_limit)
+        if ends is None:
+            return None
+        fast, lean = ends
         # Lagrangian bound: the hull line between `fast` and `lean`, read at the budget.
         numerator = (lean.key - fast.key) * (fast.bytes - budget)
         denominator = fast.bytes - lean.bytes
@@ -150,29 +171,13 @@ def _leanest_within(cutter: _Cutter, max_time: int) -> _Point:
     assert fast is not None and lean is not None
     if lean.time <= max_time:
         return lean
-    while True:  # fast.time <= max_time < lean.time, both on the hull
-        alpha = fast.bytes - lean.bytes
-        beta = lean.key - fast.key
-        candidate = cutter.cut(alpha, beta, empty, empty)
-        assert candidate is not None
-        if alpha * candidate.key + beta * candidate.bytes >= alpha * fast.key + beta * fast.bytes:
-            return fast
-        if candidate.time <= max_time:
-            fast = candidate
-        else:
-            lean = candidate
+    ends = cutter.walk(fast, lean, lambda point: point.time <= max_time)
+    assert ends is not None  # no work limit
+    return ends[0]
 
 
 def _to_plan(point: _Point, solver: str, cutter: _Cutter, **extra: object) -> Plan:
-    return Plan(
-        saved=tuple(sorted(point.saved)),
-        recomputed=tuple(sorted(point.recomputed)),
-        time=point.time,
-        bytes=point.bytes,
-        solver=solver,
-        cuts=cutter.cuts,
-        **extra,  # type: ignore[arg-type]
-    )
+    return make_plan(cutter.problem, point.saved, solver, cuts=cutter.cuts, **extra)
 
 
 def _branch_value(problem: Problem, fast: _Point, lean: _Point) -> int:
@@ -208,40 +213,67 @@ def solve(
     cutter = _Cutter(problem)
     empty: frozenset[int] = frozenset()
     root = cutter.relax(budget_bytes, empty, empty)
-    assert root is not None  # no deadline at the root
-    if root.status == "optimal":
-        assert root.fast is not None
-        if slack_ps > 0:
-            lean = _leanest_within(cutter, root.fast.time + slack_ps)
-            if lean.bytes < root.fast.bytes:
-                return _to_plan(
-                    lean, "min-cut", cutter, optimal=False, lower_bound=root.fast.time, budget_bytes=budget_bytes
-                )
-        return _to_plan(root.fast, "min-cut", cutter, optimal=True, lower_bound=root.fast.time, budget_bytes=budget_bytes)
+    assert root is not None  # no work limit at the root
     if root.status == "infeasible":
         if root.lean is None:
             raise ValueError("the problem has no feasible plan at all: some needed value can be neither saved nor recomputed")
         return _to_plan(
-            root.lean,
-            "min-cut",
-            cutter,
-            optimal=True,
-            budget_bytes=budget_bytes,
-            minimum_bytes=root.lean.bytes,
+            root.lean, "min-cut", cutter, optimal=True, budget_bytes=budget_bytes, minimum_bytes=root.lean.bytes
         )
+    if root.status == "optimal":
+        assert root.fast is not None
+        best, optimal = _leaner_within_slack(cutter, root.fast, True, slack_ps)
+        return _to_plan(best, "min-cut", cutter, optimal=optimal, lower_bound=root.fast.time, budget_bytes=budget_bytes)
     assert root.fast is not None and root.lean is not None and budget_bytes is not None
-    incumbent = root.lean
-    mixed = cutter.mix(root, budget_bytes)
-    if mixed is not None and mixed.key < incumbent.key:
-        incumbent = mixed
+    search = _branch_and_bound(cutter, root, budget_bytes, effort * WORK_PER_EFFORT, tolerance_ps * cutter.scale)
+    best, optimal = _leaner_within_slack(cutter, search.incumbent, search.optimal, slack_ps)
+    return _to_plan(
+        best,
+        "min-cut+branch-and-bound",
+        cutter,
+        optimal=optimal,
+        lower_bound=search.lower_key // cutter.scale,
+        budget_bytes=budget_bytes,
+        price=(root.fast.bytes - root.lean.bytes, root.lean.key - root.fast.key),
+        price_per_byte=(root.lean.key - root.fast.key) / (root.fast.bytes - root.lean.bytes) / cutter.scale,
+        search_nodes=search.nodes,
+    )
+
+
+def _leaner_within_slack(cutter: _Cutter, best: _Point, optimal: bool, slack_ps: int) -> tuple[_Point, bool]:
+    """The leanest hull plan within ``slack_ps`` of ``best``'s time, if it saves less than ``best``.
+
+    A leaner plan saves fewer bytes than ``best``, so it keeps any budget ``best`` keeps.
+    """
+    if slack_ps <= 0:
+        return best, optimal
+    lean = _leanest_within(cutter, best.time + slack_ps)
+    return (lean, False) if lean.bytes < best.bytes else (best, optimal)
+
+
+@dataclass(frozen=True)
+class _Search:
+    incumbent: _Point  # the best plan within budget found
+    lower_key: int  # proven lower bound on the key of any plan within budget
+    nodes: int  # branches evaluated
+
+    @property
+    def optimal(self) -> bool:
+        return self.lower_key >= self.incumbent.key
+
+
+def _branch_and_bound(cutter: _Cutter, root: _Relaxation, budget: int, work: float, tolerance: int) -> _Search:
+    """Best-first branch and bound from the root relaxation, until ``work`` more edges are processed."""
+    assert root.lean is not None
+    incumbent = _better(root.lean, cutter.mix(root, budget))
     counter = itertools.count()
+    empty: frozenset[int] = frozenset()
     heap: list[tuple[int, int, frozenset[int], frozenset[int], _Relaxation]] = [
         (root.bound, next(counter), empty, empty, root)
     ]
     nodes = 0
     out_of_work = False
-    work_limit = cutter.work + effort * WORK_PER_EFFORT
-    tolerance = tolerance_ps * cutter.scale
+    work_limit = cutter.work + work
     settled = incumbent.key  # least bound among branches dropped as within tolerance
     while heap and not out_of_work and cutter.work < work_limit:
         bound, _, force, forbid, relaxation = heapq.heappop(heap)
@@ -249,10 +281,10 @@ def solve(
             settled = min(settled, bound)
             continue
         assert relaxation.fast is not None and relaxation.lean is not None
-        value = _branch_value(problem, relaxation.fast, relaxation.lean)
+        value = _branch_value(cutter.problem, relaxation.fast, relaxation.lean)
         for child_force, child_forbid in ((force | {value}, forbid), (force, forbid | {value})):
             nodes += 1
-            child = cutter.relax(budget_bytes, child_force, child_forbid, work_limit)
+            child = cutter.relax(budget, child_force, child_forbid, work_limit)
             if child is None:
                 # Out of work: this branch stays open with its parent's bound.
                 heapq.heappush(heap, (bound, next(counter), force, forbid, relaxation))
@@ -261,42 +293,25 @@ def solve(
             if child.status == "infeasible":
                 continue
             if child.status == "optimal":
-                assert child.fast is not None
-                if child.fast.key < incumbent.key:
-                    incumbent = child.fast
+                incumbent = _better(incumbent, child.fast)
                 continue
-            assert child.lean is not None
-            if child.lean.key < incumbent.key:
-                incumbent = child.lean
-            mixed = cutter.mix(child, budget_bytes)
-            if mixed is not None and mixed.key < incumbent.key:
-                incumbent = mixed
+            incumbent = _better(_better(incumbent, child.lean), cutter.mix(child, budget))
             if child.bound < incumbent.key - tolerance:
                 heapq.heappush(heap, (child.bound, next(counter), child_force, child_forbid, child))
             else:
                 settled = min(settled, child.bound)
     open_bounds = [entry[0] for entry in heap if entry[0] < incumbent.key]
-    lower_key = min([settled, incumbent.key, *open_bounds])
-    optimal = lower_key >= incumbent.key
+    search = _Search(incumbent, min([settled, incumbent.key, *open_bounds]), nodes)
     if out_of_work:
         log.debug(
             "repair search stopped at its work limit after %d cuts and %d nodes; gap %.3g%%",
             cutter.cuts,
             nodes,
-            100.0 * (incumbent.key - lower_key) / max(incumbent.key, 1),
+            100.0 * (incumbent.key - search.lower_key) / max(incumbent.key, 1),
         )
-    if slack_ps > 0:
-        lean = _leanest_within(cutter, incumbent.time + slack_ps)
-        if lean.bytes < incumbent.bytes:  # so within the budget too
-            incumbent, optimal = lean, False
-    return _to_plan(
-        incumbent,
-        "min-cut+branch-and-bound",
-        cutter,
-        optimal=optimal,
-        lower_bound=lower_key // cutter.scale,
-        budget_bytes=budget_bytes,
-        price=(root.fast.bytes - root.lean.bytes, root.lean.key - root.fast.key),
-        price_per_byte=(root.lean.key - root.fast.key) / (root.fast.bytes - root.lean.bytes) / cutter.scale,
-        search_nodes=nodes,
-    )
+    return search
+
+
+def _better(incumbent: _Point, candidate: _Point | None) -> _Point:
+    """``candidate`` if it has a strictly smaller key than ``incumbent``."""
+    return candidate if candidate is not None and candidate.key < incumbent.key else incumbent
