@@ -87,7 +87,11 @@ def _noise(model: ModelResult) -> tuple[float | None, float | None]:
 
 def _budget_check(point: SettingResult) -> dict[str, Any]:
     graphs = point.graphs
-    check: dict[str, Any] = {"setting": point.setting.label, "measured_bytes": point.activation_bytes, "graphs": len(graphs)}
+    check: dict[str, Any] = {
+        "setting": point.setting.label,
+        "measured_bytes": point.activation_bytes,
+        "graphs": len(graphs),
+    }
     fallbacks = [g["fallback_reason"] for g in graphs if g.get("fallback_reason")]
     caps = [g.get("budget_bytes") for g in graphs]
     check["budget_bytes"] = sum(caps) if graphs and None not in caps else None
@@ -116,7 +120,12 @@ def analyze_model(model: ModelResult) -> ModelVerdict:
     for point in (p for p in points if p.setting.family == CKPT):
         assert point.step_s is not None and point.activation_bytes is not None
         lean = [a for a in points if a.setting.family != CKPT and a.activation_bytes <= point.activation_bytes]  # type: ignore[operator]
-        entry: dict[str, Any] = {"setting": point.setting.label, "budget": point.setting.budget, "ratio": None, "reference": None}
+        entry: dict[str, Any] = {
+            "setting": point.setting.label,
+            "budget": point.setting.budget,
+            "ratio": None,
+            "reference": None,
+        }
         if lean:
             best = min(lean, key=lambda a: a.step_s)  # type: ignore[arg-type,return-value]
             entry.update(ratio=point.step_s / best.step_s, reference=best.setting.label)  # type: ignore[operator]
@@ -180,7 +189,9 @@ def _not_dominated(models: list[ModelResult], verdicts: list[ModelVerdict]) -> T
     ]
     points = sum(len(v.matched) for v in verdicts)
     value = f"{len(misses)} of {points} points"
-    return Target("not dominated", "no ckpt point dominated beyond noise", value, not misses if points else None, misses)
+    return Target(
+        "not dominated", "no ckpt point dominated beyond noise", value, not misses if points else None, misses
+    )
 
 
 def _matched_memory(models: list[ModelResult], verdicts: list[ModelVerdict]) -> Target:

@@ -317,7 +317,9 @@ def _parser() -> argparse.ArgumentParser:
         "--size", choices=list(SIZES), default=None, help="GPT-2 style size (default: gpu on CUDA, else cpu)"
     )
     parser.add_argument("--world-size", type=int, default=None, help="ranks (default: 2 on the CPU, 1 on CUDA)")
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="default: bfloat16 on CUDA, else float32")
+    parser.add_argument(
+        "--dtype", choices=sorted(_DTYPES), default=None, help="default: bfloat16 on CUDA, else float32"
+    )
     parser.add_argument("--rounds", type=int, default=10, help="timed round-robin rounds (default 10)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per rank (default 1)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the run is killed (default 1800)")

@@ -41,8 +41,8 @@ from benchmarks.models import ModelSpec, parameter_count
 from benchmarks.progress import Progress
 from benchmarks.settings import Setting, Step, make_step
 from ckpt import _torch_compat as compat
-from ckpt.records import PartitionRecord, record_partitions
 from ckpt.measure import saved_activations
+from ckpt.records import PartitionRecord, record_partitions
 
 __all__ = ["STOP", "Clock", "ModelResult", "SettingResult", "benchmark_model", "summarize_record"]
 
@@ -156,7 +156,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_step(step: Step, model: BlockModel, inputs: Sequence[torch.Tensor], device: torch.device) -> tuple[float, int | None]:
+def _timed_step(
+    step: Step, model: BlockModel, inputs: Sequence[torch.Tensor], device: torch.device
+) -> tuple[float, int | None]:
     """One forward and backward: (seconds, GPU peak bytes above the start or None)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -168,5 +168,3 @@ class Llama(BlockModel):
 
     def make_inputs(self, generator, device, dtype):
         return token_batch(self.config, generator, device)
-
-

@@ -22,7 +22,9 @@ class BlockModel(nn.Module):
     def loss(self, x: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def make_inputs(self, generator: torch.Generator, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    def make_inputs(
+        self, generator: torch.Generator, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
     def forward(self, *inputs: torch.Tensor, checkpoint_blocks: bool = False) -> torch.Tensor:
@@ -39,5 +41,3 @@ def token_batch(config: Any, generator: torch.Generator, device: torch.device) -
 
 def class_labels(config: Any, generator: torch.Generator, device: torch.device) -> torch.Tensor:
     return torch.randint(0, config.classes, (config.batch,), generator=generator).to(device)
-
-

@@ -89,7 +89,9 @@ class ModelSpec:
 
     def build(self, size: str) -> BlockModel:
         if size not in self.sizes:
-            raise ValueError(f"size={size!r} is not a size of model {self.name!r}; accepted sizes are {', '.join(self.sizes)}")
+            raise ValueError(
+                f"size={size!r} is not a size of model {self.name!r}; accepted sizes are {', '.join(self.sizes)}"
+            )
         return self.factory(self.sizes[size])
 
 

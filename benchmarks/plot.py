@@ -59,7 +59,9 @@ def _budget_order(budget: float | None) -> float:
 
 def _panel(axes, model: ModelResult) -> None:
     for family, (marker, colour, line) in _STYLES.items():
-        points = [r for r in model.settings if r.setting.family == family and r.step_s and r.activation_bytes is not None]
+        points = [
+            r for r in model.settings if r.setting.family == family and r.step_s and r.activation_bytes is not None
+        ]
         if not points:
             continue
         points.sort(key=lambda r: -_budget_order(r.setting.budget))

@@ -88,12 +88,20 @@ def _ckpt_lines(verdict: ModelVerdict) -> list[str]:
 def _model_section(model: ModelResult, verdict: ModelVerdict, gpu: bool) -> list[str]:
     config = ", ".join(f"{k}={v}" for k, v in model.config.items())
     columns = (*_COLUMNS, "peak MiB") if gpu else _COLUMNS
-    lines = [f"## {model.title} (`{model.name}`)", "", f"Size `{model.size}`: {config}; {model.params / 1e6:.2f}M parameters.", ""]
+    lines = [
+        f"## {model.title} (`{model.name}`)",
+        "",
+        f"Size `{model.size}`: {config}; {model.params / 1e6:.2f}M parameters.",
+        "",
+    ]
     lines += ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
     ordered = sorted(model.settings, key=lambda r: display_order(r.setting))
     lines += [_setting_row(r, verdict.compile_s, gpu) for r in ordered]
     noise = "not measured (needs compile and compile-repeat)" if verdict.noise is None else f"{verdict.noise:.1%}"
-    lines += ["", f"Noise (compile against compile (repeat), at least twice the standard error of their ratio): {noise}."]
+    lines += [
+        "",
+        f"Noise (compile against compile (repeat), at least twice the standard error of their ratio): {noise}.",
+    ]
     if verdict.matched:
         lines += _ckpt_lines(verdict)
     if model.skipped:
@@ -120,7 +128,8 @@ def _targets_section(targets: list[Target], analysis: str | None) -> list[str]:
 
 def _summary(models: list[ModelResult], verdicts: list[ModelVerdict]) -> list[str]:
     lines = [
-        "| model | noise | time at matched memory (median) | ckpt 0.5 vs compile | ckpt points dominated beyond noise |",
+        "| model | noise | time at matched memory (median) | ckpt 0.5 vs compile "
+        "| ckpt points dominated beyond noise |",
         "|---|---:|---:|---:|---:|",
     ]
     for model, v in zip(models, verdicts):
@@ -194,7 +203,11 @@ def write_results(out_dir: Path, stem: str, meta: dict[str, Any], models: list[M
     analysis_path = out_dir / f"{stem}-analysis.md"
     analysis = analysis_path.read_text(encoding="utf-8") if analysis_path.exists() else None
     md_path.write_text(_markdown(meta, models, verdicts, targets, analysis), encoding="utf-8")
-    payload = {"meta": meta, "models": [_model_json(m, v) for m, v in zip(models, verdicts)], "targets": _jsonable(targets)}
+    payload = {
+        "meta": meta,
+        "models": [_model_json(m, v) for m, v in zip(models, verdicts)],
+        "targets": _jsonable(targets),
+    }
     json_path.write_text(json.dumps(payload, indent=1, default=str) + "\n", encoding="utf-8")
     return [md_path, json_path]
 

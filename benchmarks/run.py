@@ -46,17 +46,36 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0].strip("`"))
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from: {', '.join(MODELS)}")
     parser.add_argument(
-        "--settings", default=None, help=f"comma-separated setting keys or groups ({', '.join(SETTING_GROUPS)}); default all"
+        "--settings",
+        default=None,
+        help=f"comma-separated setting keys or groups ({', '.join(SETTING_GROUPS)}); default all",
     )
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, the 'quick' settings, 3 rounds, '-quick' file names")
-    parser.add_argument("--size", choices=SIZES, default=None, help="model size (default: gpu on CUDA, cpu otherwise; tiny with --quick)")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes, the 'quick' settings, 3 rounds, '-quick' file names"
+    )
+    parser.add_argument(
+        "--size",
+        choices=SIZES,
+        default=None,
+        help="model size (default: gpu on CUDA, cpu otherwise; tiny with --quick)",
+    )
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="default: bfloat16 on CUDA, float32 on CPU")
-    parser.add_argument("--rounds", type=int, default=None, help="timed round-robin rounds (default 30; 3 with --quick)")
+    parser.add_argument(
+        "--dtype", choices=sorted(_DTYPES), default=None, help="default: bfloat16 on CUDA, float32 on CPU"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="timed round-robin rounds (default 30; 3 with --quick)"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
-    parser.add_argument("--name", default=None, help="file name stem (default: the device, e.g. cpu or h200, plus -quick)")
-    parser.add_argument("--plot", choices=("yes", "no", "auto"), default="yes", help="auto: plot only if matplotlib is installed")
-    parser.add_argument("--time-limit", type=float, default=None, help="seconds: skip settings and models that would not fit")
+    parser.add_argument(
+        "--name", default=None, help="file name stem (default: the device, e.g. cpu or h200, plus -quick)"
+    )
+    parser.add_argument(
+        "--plot", choices=("yes", "no", "auto"), default="yes", help="auto: plot only if matplotlib is installed"
+    )
+    parser.add_argument(
+        "--time-limit", type=float, default=None, help="seconds: skip settings and models that would not fit"
+    )
     return parser
 
 
@@ -79,7 +98,9 @@ def _device_tag(device: torch.device) -> tuple[str, str]:
     return "cpu", f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def _meta(args: argparse.Namespace, device: torch.device, name: str, size: str, dtype: str, rounds: int) -> dict[str, Any]:
+def _meta(
+    args: argparse.Namespace, device: torch.device, name: str, size: str, dtype: str, rounds: int
+) -> dict[str, Any]:
     return {
         "device": device.type,
         "device_name": name,

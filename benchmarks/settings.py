@@ -42,7 +42,13 @@ __all__ = [
     "select_settings",
 ]
 
-EAGER, EAGER_CHECKPOINT, COMPILE, TORCH_BUDGET, CKPT = "eager", "eager checkpoint", "torch.compile", "torch budget", "ckpt"
+EAGER, EAGER_CHECKPOINT, COMPILE, TORCH_BUDGET, CKPT = (
+    "eager",
+    "eager checkpoint",
+    "torch.compile",
+    "torch budget",
+    "ckpt",
+)
 FAMILIES = (EAGER, EAGER_CHECKPOINT, COMPILE, TORCH_BUDGET, CKPT)
 BUDGETS = (0.75, 0.5, 0.25, 0.1, 0.0)
 
@@ -102,7 +108,9 @@ def select_settings(text: str) -> list[Setting]:
             if key not in chosen:
                 chosen.append(key)
     if not chosen:
-        raise ValueError(f"--settings={text!r} names no setting; accepted are {', '.join(SETTING_GROUPS)} or setting keys")
+        raise ValueError(
+            f"--settings={text!r} names no setting; accepted are {', '.join(SETTING_GROUPS)} or setting keys"
+        )
     return [SETTINGS[key] for key in chosen]
 
 

@@ -131,5 +131,3 @@ class ResNet(BlockModel):
         c = self.config
         images = torch.randn(c.batch, 3, c.image, c.image, generator=generator).to(device, dtype)
         return images, class_labels(c, generator, device)
-
-

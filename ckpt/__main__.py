@@ -104,8 +104,17 @@ def _pareto(args: argparse.Namespace) -> int:
     except ImportError as error:
         args.parser.error(str(error))
     model, inputs = _model(args.parser, args.factory)
-    print(pareto(model, *inputs, budget=args.budget, path=args.out, measure=args.measure, steps=args.steps,
-                 statistic=args.statistic))
+    print(
+        pareto(
+            model,
+            *inputs,
+            budget=args.budget,
+            path=args.out,
+            measure=args.measure,
+            steps=args.steps,
+            statistic=args.statistic,
+        )
+    )
     return 0
 
 

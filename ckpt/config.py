@@ -203,8 +203,7 @@ class CkptConfig:
         unknown = sorted(set(options) - set(OPTION_KEYS))
         if unknown:
             raise ValueError(
-                f"unknown ckpt option(s) {', '.join(map(repr, unknown))}; "
-                f"accepted keys are {', '.join(OPTION_KEYS)}"
+                f"unknown ckpt option(s) {', '.join(map(repr, unknown))}; accepted keys are {', '.join(OPTION_KEYS)}"
             )
 
         def pick(key: str) -> tuple[Any, str]:

@@ -50,6 +50,13 @@ class PartitionRecord:
     explain: str | None = None
 
     @property
+    def planned(self) -> tuple[JointAnalysis, Plan] | None:
+        """The analysis and the plan, or None for a graph that fell back."""
+        if self.plan is None or self.analysis is None:
+            return None
+        return self.analysis, self.plan
+
+    @property
     def fingerprint(self) -> str | None:
         """A short hash of the plan's decisions, equal on every rank that makes the same plan."""
         if self.plan is None or self.analysis is None:

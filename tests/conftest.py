@@ -42,8 +42,8 @@ def run_step(model: torch.nn.Module, fn: Callable[..., torch.Tensor], inputs: Se
     Compile caches are off inside, so the partitioner runs and its records are complete.
     """
     from ckpt._torch_compat import compile_caches_disabled
-    from ckpt.records import record_partitions
     from ckpt.measure import saved_activations
+    from ckpt.records import record_partitions
 
     with compile_caches_disabled(), record_partitions() as records, saved_activations(model, *inputs) as saved:
         loss = fn(*inputs)

@@ -162,8 +162,12 @@ def test_convolutions_run_at_the_profile_efficiency():
 
     conv = _only(lambda a, b: torch.conv2d(a, b), torch.randn(2, 3, 8, 8), torch.randn(5, 3, 3, 3))
     assert conv.convolution
-    profile = DeviceProfile("test", (("fp32", 1e9),), bandwidth=1e15, kernel_overhead=0.0, source="test", conv_efficiency=0.5)
-    assert kernel_seconds(profile, conv.flops, 0, efficiency=profile.conv_efficiency) == pytest.approx(2 * conv.flops / 1e9)
+    profile = DeviceProfile(
+        "test", (("fp32", 1e9),), bandwidth=1e15, kernel_overhead=0.0, source="test", conv_efficiency=0.5
+    )
+    assert kernel_seconds(profile, conv.flops, 0, efficiency=profile.conv_efficiency) == pytest.approx(
+        2 * conv.flops / 1e9
+    )
 
 
 def test_profile_rejects_missing_rates():

@@ -13,7 +13,12 @@ pytestmark = pytest.mark.compile
 
 def test_demo_rows_agree_on_the_loss_and_keep_their_budgets():
     rows = run_demo(steps=2, device="cpu", stream=io.StringIO())
-    assert [r.setting for r in rows] == ["torch.compile (default)", "ckpt, no cap", "ckpt, budget 0.5", "ckpt, budget 0.25"]
+    assert [r.setting for r in rows] == [
+        "torch.compile (default)",
+        "ckpt, no cap",
+        "ckpt, budget 0.5",
+        "ckpt, budget 0.25",
+    ]
     reference = rows[0].loss
     for row in rows:
         assert row.loss == pytest.approx(reference, rel=1e-5), f"{row.setting}: loss {row.loss} against {reference}"

@@ -16,15 +16,15 @@ import pytest
 import torch
 import torch.nn as nn
 
-from ckpt.records import PartitionRecord
 from ckpt.config import parse_budget
+from ckpt.partitioner.solver import solve
+from ckpt.partitioner.torch_plan import plan_from_saved_names, torch_default_saved_names
+from ckpt.records import PartitionRecord
 from ckpt.tools.common import loss_of
 from ckpt.tools.explainer import emit_explain, explain
 from ckpt.tools.factory import FactoryError, call_factory, check_factory_result, load_factory
-from ckpt.tools.tradeoff import ParetoResult, pareto, plot_pareto, predicted_curve, validate_time_model
-from ckpt.partitioner.solver import solve
-from ckpt.partitioner.torch_plan import plan_from_saved_names, torch_default_saved_names
 from ckpt.tools.report import ExplainReport, graph_report, short_source
+from ckpt.tools.tradeoff import ParetoResult, pareto, plot_pareto, predicted_curve, validate_time_model
 from tests.joint import TEST_PROFILE, trace_joint
 
 
@@ -149,7 +149,10 @@ def test_solver_lambda(budget, lam):
 @pytest.mark.parametrize(
     "meta, expected",
     [
-        ({"stack_trace": '  File "/src/model.py", line 7, in forward\n    y = self.up(x)\n'}, "model.py:7 y = self.up(x)"),
+        (
+            {"stack_trace": '  File "/src/model.py", line 7, in forward\n    y = self.up(x)\n'},
+            "model.py:7 y = self.up(x)",
+        ),
         ({"nn_module_stack": {"a": ("L['self'].up", nn.Linear)}}, "module up (Linear)"),
         ({"fwd_nn_module_stack": {"a": ("L['fn']", nn.Sequential), "b": ("L['fn'].1", nn.GELU)}}, "module 1 (GELU)"),
         ({}, ""),
@@ -174,8 +177,15 @@ def test_report_text_and_json(record):
     assert graph["graph"] == "tiny_joint_0" and set(graph["plans"]) == {"ckpt", "no_recompute", "torch_default"}
     assert {"name", "op", "shape", "dtype", "bytes", "source"} <= set(graph["saved"][0])
     text = str(report)
-    for expected in ("## graph tiny_joint_0", "Saved tensors", "Recomputed values", "torch default partition",
-                     "lambda =", "measured - predicted", "| node"):
+    for expected in (
+        "## graph tiny_joint_0",
+        "Saved tensors",
+        "Recomputed values",
+        "torch default partition",
+        "lambda =",
+        "measured - predicted",
+        "| node",
+    ):
         assert expected in text
 
 

@@ -17,8 +17,12 @@ class ConvNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.layers = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-            nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
         )
 
     def forward(self, x):
@@ -59,9 +63,7 @@ def test_no_cap_plan_is_never_slower_than_torch_default(name):
     model, x = MODELS[name]()
     joint = trace_joint(model, x)
     ours = solve(joint.analysis.problem, None)
-    theirs = plan_from_saved_names(
-        joint.analysis, torch_default_saved_names(joint.graph, joint.num_fwd_outputs)
-    )
+    theirs = plan_from_saved_names(joint.analysis, torch_default_saved_names(joint.graph, joint.num_fwd_outputs))
     assert ours.time <= theirs.time
 
 

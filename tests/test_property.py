@@ -98,7 +98,11 @@ class Stack(nn.Module):
         return x.float().square().mean()
 
 
-@settings(max_examples=int(os.environ.get("CKPT_PROPERTY_EXAMPLES", "4")), deadline=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=int(os.environ.get("CKPT_PROPERTY_EXAMPLES", "4")),
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 @given(
     kinds=st.lists(st.sampled_from(LAYERS), min_size=2, max_size=6),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),

@@ -176,8 +176,19 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-_FIELDS = ("name", "bandwidth", "kernel_overhead", "source", "element_seconds", "transcendental_seconds",
-           "cache_bytes", "cache_bandwidth", "conv_efficiency", "byte_store_seconds", "byte_load_seconds")
+_FIELDS = (
+    "name",
+    "bandwidth",
+    "kernel_overhead",
+    "source",
+    "element_seconds",
+    "transcendental_seconds",
+    "cache_bytes",
+    "cache_bandwidth",
+    "conv_efficiency",
+    "byte_store_seconds",
+    "byte_load_seconds",
+)
 
 
 def _load(path: Path) -> DeviceProfile | None:

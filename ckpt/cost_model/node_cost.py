@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import sympy
 import torch
@@ -22,7 +22,15 @@ import torch.utils._pytree as pytree
 from ckpt import _torch_compat as compat
 from ckpt.cost_model.ops import OpKind, classify
 
-__all__ = ["NodeEstimate", "Size", "SizeEvaluator", "is_transcendental", "dtype_class", "estimate_node", "tensor_values"]
+__all__ = [
+    "NodeEstimate",
+    "Size",
+    "SizeEvaluator",
+    "is_transcendental",
+    "dtype_class",
+    "estimate_node",
+    "tensor_values",
+]
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +52,7 @@ def dtype_class(dtype: torch.dtype) -> str:
     return "fp32"
 
 
-Size = int | sympy.Expr  # static sizes stay plain ints, which keeps large graphs fast
+Size: TypeAlias = "int | sympy.Expr"  # static sizes stay plain ints, which keeps large graphs fast
 
 
 def _expr(size: Any) -> Size:

@@ -44,8 +44,6 @@ class OpKind(enum.Enum):
     OTHER = "other"
 
 
-
-
 def is_view_op(target: Any) -> bool:
     """Whether an aten/prims op returns an alias of an input (and writes nothing)."""
     if not isinstance(target, torch._ops.OpOverload):

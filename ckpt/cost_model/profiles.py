@@ -106,7 +106,9 @@ _BF16_EFFICIENCY = 790e12 / 989e12  # measured / datasheet, H200
 _COPY_EFFICIENCY = 4.3e12 / 4.8e12  # measured / datasheet, H200
 
 
-def _gpu(name: str, bf16: float, tf32: float, fp32_cores: float, fp64: float, bandwidth: float, source: str) -> DeviceProfile:
+def _gpu(
+    name: str, bf16: float, tf32: float, fp32_cores: float, fp64: float, bandwidth: float, source: str
+) -> DeviceProfile:
     return DeviceProfile(
         name=name,
         peak_flops=(("bf16", bf16), ("fp16", bf16), ("fp32", tf32), ("fp64", fp64)),

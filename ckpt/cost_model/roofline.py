@@ -14,8 +14,14 @@ from __future__ import annotations
 
 from ckpt.cost_model.profiles import DeviceProfile
 
-__all__ = ["compute_seconds", "elementwise_seconds", "kernel_seconds", "tensor_read_seconds", "tensor_write_seconds",
-           "transfer_seconds"]
+__all__ = [
+    "compute_seconds",
+    "elementwise_seconds",
+    "kernel_seconds",
+    "tensor_read_seconds",
+    "tensor_write_seconds",
+    "transfer_seconds",
+]
 
 
 def compute_seconds(profile: DeviceProfile, flops: int, dtype_class: str = "fp32", efficiency: float = 1.0) -> float:

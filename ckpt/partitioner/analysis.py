@@ -344,8 +344,7 @@ def _price(node: fx.Node, context: _Context) -> _Costs:
     """Saving and recomputing ``node``: bytes, time and the hard constraints."""
     kind = context.kinds[node]
     value = node.meta.get("val")
-    is_tensor = isinstance(value, torch.Tensor)
-    nbytes_expr: Size = storage_bytes_expr(value) if is_tensor else 0
+    nbytes_expr: Size = storage_bytes_expr(value) if isinstance(value, torch.Tensor) else 0
     # A graph input is available to the backward for free (only its read costs time),
     # unless it is an activation passed in, or Inductor hands the backward a copy of it.
     is_free_input = node.op == "placeholder" and node not in context.charged_inputs
@@ -368,10 +367,11 @@ def _save_seconds(node: fx.Node, context: _Context) -> float:
     if isinstance(value, (torch.SymInt, torch.SymBool, torch.SymFloat)) or compat.is_opaque_value(value):
         return 0.0
     kinds, profile = context.kinds, context.profile
-    is_tensor = isinstance(value, torch.Tensor)
-    nbytes = context.sizes(storage_bytes_expr(value)) if is_tensor else 0
-    elements = context.sizes(numel_expr(value)) if is_tensor else 0
-    itemsize = value.element_size() if is_tensor else 0
+    nbytes = elements = itemsize = 0
+    if isinstance(value, torch.Tensor):
+        nbytes = context.sizes(storage_bytes_expr(value))
+        elements = context.sizes(numel_expr(value))
+        itemsize = value.element_size()
     seconds = tensor_read_seconds(profile, nbytes, elements, itemsize)
     fusible = kinds[node] in _FUSIBLE_KINDS and node.op == "call_function"
     extern_forward_user = any(
@@ -383,7 +383,7 @@ def _save_seconds(node: fx.Node, context: _Context) -> float:
 
 
 def _recompute_seconds(node: fx.Node, context: _Context) -> float:
-    """Fused ops cost their arithmetic (plus a round trip if a library call reads them); library calls their roofline."""
+    """Fused ops cost their arithmetic (and a round trip if a library call reads them); others their roofline."""
     kind, profile = context.kinds[node], context.profile
     estimate = context.estimates.get(node)
     in_forward = node in context.graph.forward_required or node.op == "placeholder"

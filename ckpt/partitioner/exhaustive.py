@@ -44,7 +44,9 @@ def solve_exhaustive(problem: Problem, budget_bytes: int | None) -> Plan:
             if (budget_bytes is None or memory <= budget_bytes) and (best is None or (time, memory) < best[:2]):
                 best = (time, memory, subset)
     if leanest is None:
-        raise ValueError("the problem has no feasible plan at all: some needed value can be neither saved nor recomputed")
+        raise ValueError(
+            "the problem has no feasible plan at all: some needed value can be neither saved nor recomputed"
+        )
     if best is None:
         return make_plan(
             problem, set(leanest[2]), "exhaustive", optimal=True, budget_bytes=budget_bytes, minimum_bytes=leanest[0]

@@ -70,7 +70,8 @@ class Problem:
             for p in preds:
                 if not 0 <= p < i:
                     raise ProblemError(
-                        f"Problem.inputs[{i}] ({self.names[i]}) lists {p}; inputs must come earlier in topological order"
+                        f"Problem.inputs[{i}] ({self.names[i]}) lists {p}; "
+                        "inputs must come earlier in topological order"
                     )
         for i in range(n):
             costs = (self.save_bytes[i], self.save_time[i], self.recompute_time[i], self.recompute_bytes[i])

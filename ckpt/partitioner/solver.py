@@ -216,7 +216,9 @@ def solve(
     assert root is not None  # no work limit at the root
     if root.status == "infeasible":
         if root.lean is None:
-            raise ValueError("the problem has no feasible plan at all: some needed value can be neither saved nor recomputed")
+            raise ValueError(
+                "the problem has no feasible plan at all: some needed value can be neither saved nor recomputed"
+            )
         return _to_plan(
             root.lean, "min-cut", cutter, optimal=True, budget_bytes=budget_bytes, minimum_bytes=root.lean.bytes
         )

@@ -80,9 +80,7 @@ def loss_of(output: Any) -> torch.Tensor:
 
 def clone_inputs(inputs: Sequence[Any]) -> list[Any]:
     """Fresh copies of the tensors in ``inputs`` (same ``requires_grad``), other values as given."""
-    return [
-        x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x for x in inputs
-    ]
+    return [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
 def _step(model: torch.nn.Module, *inputs: Any) -> Any:
@@ -117,5 +115,3 @@ def compile_options(budget: Any, options: Mapping[str, Any] | None) -> dict[str,
         merged["memory_budget"] = budget
     CkptConfig.from_sources(merged)  # raises on unknown keys and bad values, naming them
     return merged
-
-

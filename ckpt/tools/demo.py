@@ -18,15 +18,15 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ckpt import _torch_compat as compat
-from ckpt.records import record_partitions
 from ckpt.measure import saved_activations
+from ckpt.records import record_partitions
 
 __all__ = ["DemoGPT", "DemoRow", "run_demo"]
 
@@ -99,8 +99,8 @@ class _Progress:
         self.stream.flush()
 
 
-def _settings() -> list[tuple[str, Callable[[nn.Module], nn.Module]]]:
-    def ckpt(budget: str) -> Callable[[nn.Module], nn.Module]:
+def _settings() -> list[tuple[str, Callable[[nn.Module], Callable[..., Any]]]]:
+    def ckpt(budget: str) -> Callable[[nn.Module], Callable[..., Any]]:
         return lambda m: torch.compile(m, backend="ckpt", options={"memory_budget": budget})
 
     return [
@@ -186,7 +186,9 @@ def run_demo(steps: int = 8, device: str | None = None, stream: TextIO = sys.std
     for run in runs:
         caps = run.budgets or []
         budget_mib = sum(c for c in caps if c is not None) / 2**20 if caps and None not in caps else None
-        rows.append(DemoRow(run.name, run.saved_bytes / 2**20, budget_mib, statistics.median(run.times) * 1e3, run.loss))
+        rows.append(
+            DemoRow(run.name, run.saved_bytes / 2**20, budget_mib, statistics.median(run.times) * 1e3, run.loss)
+        )
     return rows
 
 
@@ -195,7 +197,5 @@ def format_rows(rows: list[DemoRow], steps: int) -> str:
     lines = [header, "|---|---:|---:|---:|---:|"]
     for row in rows:
         budget = "-" if row.budget_mib is None else f"{row.budget_mib:.2f}"
-        lines.append(
-            f"| {row.setting} | {row.activation_mib:.2f} | {budget} | {row.step_ms:.1f} | {row.loss:.6f} |"
-        )
+        lines.append(f"| {row.setting} | {row.activation_mib:.2f} | {budget} | {row.step_ms:.1f} | {row.loss:.6f} |")
     return "\n".join(lines)

@@ -47,6 +47,7 @@ __all__ = [
 
 log = logging.getLogger("ckpt")
 
+
 def summary_line(record: PartitionRecord) -> str:
     """One line per graph: saved and recomputed counts, bytes, predicted time, solver."""
     if record.plan is None or record.analysis is None:
@@ -107,9 +108,9 @@ def explain(
     :data:`LOSS_RULE`.
     """
     from ckpt import _torch_compat as compat
-    from ckpt.records import record_partitions
     from ckpt.config import CkptConfig
     from ckpt.measure import saved_activations
+    from ckpt.records import record_partitions
 
     check_model(model)
     compile_kwargs = compile_options(budget, options)

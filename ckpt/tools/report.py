@@ -206,20 +206,23 @@ def _recomputed_rows(analysis: JointAnalysis, recomputed: tuple[int, ...]) -> tu
 
 def graph_report(record: PartitionRecord) -> GraphReport:
     """The report for one partitioned graph: predictions only."""
-    base = {"graph": record.graph, "budget": str(record.budget), "budget_bytes": record.budget_bytes}
-    if record.plan is None or record.analysis is None:
-        return GraphReport(**base, fallback_reason=record.fallback_reason or "no plan")
-    analysis, plan = record.analysis, record.plan
+    graph, budget, budget_bytes = record.graph, str(record.budget), record.budget_bytes
+    planned = record.planned
+    if planned is None:
+        return GraphReport(graph, budget, budget_bytes, fallback_reason=record.fallback_reason or "no plan")
+    analysis, plan = planned
     plans: dict[str, PlanTotals | None] = {
         "ckpt": plan_totals(analysis, plan.saved),
         "no_recompute": plan_totals(analysis, analysis.no_recompute_saved),
     }
-    torch_plan = getattr(record, "torch_plan", None)
+    torch_plan = record.torch_plan
     plans["torch_default"] = None if torch_plan is None else plan_totals(analysis, torch_plan.saved)
     note = None if torch_plan is not None else "not evaluated (the backend does so only when explaining; see the log)"
     recomputed, free = _recomputed_rows(analysis, plan.recomputed)
     return GraphReport(
-        **base,
+        graph,
+        budget,
+        budget_bytes,
         solver=_solver_facts(record),
         plans=plans,
         torch_default_note=note,
@@ -313,8 +316,11 @@ def _graph_markdown(g: GraphReport, max_rows: int | None) -> list[str]:
         out += [f"torch default partition: {g.torch_default_note}.", ""]
     activations = [t for t in g.saved if not t.is_input or t.bytes]
     inputs = len(g.saved) - len(activations)
-    out += [f"Saved tensors: {len(activations)}, {format_bytes(sum(t.bytes for t in activations))}, largest first "
-            f"(and {inputs} graph inputs, which live anyway).", ""]
+    out += [
+        f"Saved tensors: {len(activations)}, {format_bytes(sum(t.bytes for t in activations))}, largest first "
+        f"(and {inputs} graph inputs, which live anyway).",
+        "",
+    ]
     activations = sorted(activations, key=lambda t: -t.bytes)
     rows = [
         [t.name, t.op, "x".join(t.shape) or "-", t.dtype, format_bytes(t.bytes), short_source(t.source)]
@@ -323,8 +329,11 @@ def _graph_markdown(g: GraphReport, max_rows: int | None) -> list[str]:
     if rows:
         out += [table(["node", "op", "shape", "dtype", "bytes", "source"], _clip(rows, max_rows, 6), {4}), ""]
     cost = sum(r.cost_ps for r in g.recomputed)
-    out += [f"Recomputed values: {len(g.recomputed)}, {format_ps(cost)} predicted, costliest first "
-            f"(and {g.backward_only} values the backward computes anyway, at no extra cost).", ""]
+    out += [
+        f"Recomputed values: {len(g.recomputed)}, {format_ps(cost)} predicted, costliest first "
+        f"(and {g.backward_only} values the backward computes anyway, at no extra cost).",
+        "",
+    ]
     rows = [
         [r.name, r.op, "x".join(r.shape) or "-", format_ps(r.cost_ps), short_source(r.source)]
         for r in sorted(g.recomputed, key=lambda r: -r.cost_ps)
@@ -355,11 +364,13 @@ class ExplainReport:
     def predicted_step_seconds(self, plan: str = "ckpt") -> float | None:
         """Summed over graphs; None if a graph has no such plan."""
         totals = [g.plans.get(plan) for g in self.graphs]
-        return None if not totals or None in totals else sum(t.step_seconds for t in totals)  # type: ignore[union-attr]
+        known = [t for t in totals if t is not None]
+        return None if not totals or len(known) < len(totals) else sum(t.step_seconds for t in known)
 
     def predicted_plan_bytes(self, plan: str) -> int | None:
         totals = [g.plans.get(plan) for g in self.graphs]
-        return None if not totals or None in totals else sum(t.bytes for t in totals)  # type: ignore[union-attr]
+        known = [t for t in totals if t is not None]
+        return None if not totals or len(known) < len(totals) else sum(t.bytes for t in known)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: plain dicts, lists, strings and numbers."""
@@ -388,8 +399,13 @@ class ExplainReport:
         rows = []
         for key, label in _PLAN_LABELS.items():
             nbytes, seconds = self.predicted_plan_bytes(key), self.predicted_step_seconds(key)
-            rows.append([f"{label} (predicted)", "-" if nbytes is None else format_bytes(nbytes),
-                         "-" if seconds is None else f"{seconds * 1e3:.3f} ms"])
+            rows.append(
+                [
+                    f"{label} (predicted)",
+                    "-" if nbytes is None else format_bytes(nbytes),
+                    "-" if seconds is None else f"{seconds * 1e3:.3f} ms",
+                ]
+            )
         if self.measured_bytes is None:
             note = "Predictions only: the backend cannot run a step. ckpt.explain(model, *inputs) adds measured bytes."
             out += [table(["", "activation bytes", "step time"], rows, {1, 2}), "", note, ""]

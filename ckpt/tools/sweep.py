@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ckpt.records import PartitionRecord, record_partitions
 from ckpt.tools.common import (
     STATISTICS,
     check_model,
@@ -56,7 +57,7 @@ class Measurement:
     predicted_library_ps: int  # the part of the recompute spent in library calls (matmul, attention)
     predicted_fixed_seconds: float
     step_seconds: tuple[float, ...]
-    records: tuple[Any, ...] = field(default=(), repr=False, compare=False)
+    records: tuple[PartitionRecord, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def predicted_extra_ps(self) -> int:
@@ -118,7 +119,6 @@ def _run(setting: _Setting) -> float:
 def _first_step(setting: _Setting) -> Measurement:
     """Compile and run once, recording the partitions and the saved bytes."""
     from ckpt import _torch_compat as compat
-    from ckpt.records import record_partitions
     from ckpt.measure import saved_activations
 
     tensors = [x for x in setting.inputs if isinstance(x, torch.Tensor)]
@@ -126,7 +126,8 @@ def _first_step(setting: _Setting) -> Measurement:
         with saved_activations(setting.model, *tensors) as saved:
             loss = loss_of(setting.compiled(setting.model, *setting.inputs))
         loss.backward()
-    planned = [r for r in records if r.plan is not None and r.analysis is not None]
+    planned_records = tuple(r for r in records if r.planned is not None)
+    planned = [p for p in (r.planned for r in records) if p is not None]
     if not records:
         raise RuntimeError(
             f"budget {setting.budget!r}: no graph was partitioned; the compiled model produced no training graph"
@@ -134,7 +135,7 @@ def _first_step(setting: _Setting) -> Measurement:
     if len(planned) < len(records):
         reasons = "; ".join(f"{r.graph}: {r.fallback_reason}" for r in records if r.plan is None)
         raise RuntimeError(f"budget {setting.budget!r}: ckpt fell back to torch's partition ({reasons})")
-    totals = [plan_totals(r.analysis, r.plan.saved) for r in planned]
+    totals = [plan_totals(analysis, plan.saved) for analysis, plan in planned]
     return Measurement(
         budget=setting.budget,
         graphs=len(planned),
@@ -143,9 +144,9 @@ def _first_step(setting: _Setting) -> Measurement:
         predicted_save_ps=sum(t.save_ps for t in totals),
         predicted_recompute_ps=sum(t.recompute_ps for t in totals),
         predicted_library_ps=sum(t.recompute_library_ps for t in totals),
-        predicted_fixed_seconds=sum(r.analysis.fixed_seconds for r in planned),
+        predicted_fixed_seconds=sum(analysis.fixed_seconds for analysis, _ in planned),
         step_seconds=(),
-        records=tuple(planned),
+        records=planned_records,
     )
 
 

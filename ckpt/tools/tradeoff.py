@@ -28,6 +28,10 @@ from typing import Any
 
 import torch
 
+from ckpt.config import Budget, parse_budget
+from ckpt.partitioner.analysis import JointAnalysis
+from ckpt.partitioner.solver import solve
+from ckpt.records import PartitionRecord
 from ckpt.tools.common import check_statistic, require_matplotlib
 from ckpt.tools.sweep import Measurement, measure_budgets
 
@@ -50,29 +54,28 @@ class CurvePoint:
         return self.fixed_seconds + self.extra_ps * 1e-12
 
 
-def _point(records: Sequence[Any], budget: Any, effort: float) -> CurvePoint:
-    from ckpt.partitioner.solver import solve
-
+def _point(analyses: Sequence[JointAnalysis], budget: Budget, effort: float) -> CurvePoint:
     nbytes = extra = 0
     fixed = 0.0
-    for record in records:
-        analysis = record.analysis
+    for analysis in analyses:
         plan = solve(analysis.problem, budget.resolve(analysis.no_recompute_bytes), effort=effort)
         nbytes, extra, fixed = nbytes + plan.bytes, extra + plan.time, fixed + analysis.fixed_seconds
     return CurvePoint(str(budget), nbytes, extra, fixed)
 
 
-def predicted_curve(records: Sequence[Any], *, points: int = 41, effort: float = 0.4) -> list[CurvePoint]:
-    """Predicted bytes and time at no cap and at ``points`` fractions from 1 to 0, without recompiling."""
-    from ckpt.config import Budget
+def _analyses(records: Sequence[PartitionRecord]) -> list[JointAnalysis]:
+    return [planned[0] for planned in (r.planned for r in records) if planned is not None]
 
-    records = [r for r in records if r.analysis is not None and r.plan is not None]
-    if not records:
+
+def predicted_curve(records: Sequence[PartitionRecord], *, points: int = 41, effort: float = 0.4) -> list[CurvePoint]:
+    """Predicted bytes and time at no cap and at ``points`` fractions from 1 to 0, without recompiling."""
+    analyses = _analyses(records)
+    if not analyses:
         raise ValueError("records holds no planned graph; compile with backend='ckpt' inside record_partitions()")
     if isinstance(points, bool) or not isinstance(points, int) or points < 2:
         raise ValueError(f"points={points!r} is too few; give an integer >= 2")
     budgets = [Budget()] + [Budget(fraction=1 - i / (points - 1)) for i in range(points)]
-    return [_point(records, b, effort) for b in budgets]
+    return [_point(analyses, b, effort) for b in budgets]
 
 
 @dataclass(frozen=True)
@@ -103,15 +106,28 @@ class ParetoResult:
         from ckpt.tools.report import format_bytes, table
 
         rows = [
-            [m.budget, format_bytes(m.predicted_bytes), format_bytes(m.measured_bytes),
-             f"{m.predicted_extra_ps * 1e-9:.3f}", f"{m.seconds(self.statistic) * 1e3:.3f}"]
+            [
+                m.budget,
+                format_bytes(m.predicted_bytes),
+                format_bytes(m.measured_bytes),
+                f"{m.predicted_extra_ps * 1e-9:.3f}",
+                f"{m.seconds(self.statistic) * 1e3:.3f}",
+            ]
             for m in self.measured
         ]
-        lines = [f"Pareto curve: {len(self.curve)} predicted points; chosen budget {self.budget}: "
-                 f"{format_bytes(self.chosen.bytes)}, {self.chosen.extra_ps * 1e-9:.3f} ms predicted extra time", ""]
+        lines = [
+            f"Pareto curve: {len(self.curve)} predicted points; chosen budget {self.budget}: "
+            f"{format_bytes(self.chosen.bytes)}, {self.chosen.extra_ps * 1e-9:.3f} ms predicted extra time",
+            "",
+        ]
         if rows:
-            headers = ["budget", "predicted bytes", "measured bytes", "predicted extra ms",
-                       f"measured step ms ({self.statistic})"]
+            headers = [
+                "budget",
+                "predicted bytes",
+                "measured bytes",
+                "predicted extra ms",
+                f"measured step ms ({self.statistic})",
+            ]
             lines.append(table(headers, rows, {1, 2, 3, 4}))
         if self.path:
             lines += ["", f"plot written to {self.path}"]
@@ -135,14 +151,30 @@ def plot_pareto(result: ParetoResult, path: str | Path) -> Path:
     timed = [m for m in result.measured if m.step_seconds]
     stat = result.statistic
     if timed:
-        axes.errorbar([m.measured_bytes / mib for m in timed], [m.seconds(stat) * 1e3 for m in timed],
-                      yerr=[m.error(stat) * 1e3 for m in timed], fmt="o", color="tab:orange",
-                      label=f"measured ({stat} step)")
+        axes.errorbar(
+            [m.measured_bytes / mib for m in timed],
+            [m.seconds(stat) * 1e3 for m in timed],
+            yerr=[m.error(stat) * 1e3 for m in timed],
+            fmt="o",
+            color="tab:orange",
+            label=f"measured ({stat} step)",
+        )
         for m in timed:
-            axes.annotate(m.budget, (m.measured_bytes / mib, m.seconds(stat) * 1e3),
-                          textcoords="offset points", xytext=(6, 6), fontsize=8)
-    axes.plot([result.chosen.bytes / mib], [y(result.chosen)], "*", markersize=16, color="tab:red",
-              label=f"chosen budget {result.budget}")
+            axes.annotate(
+                m.budget,
+                (m.measured_bytes / mib, m.seconds(stat) * 1e3),
+                textcoords="offset points",
+                xytext=(6, 6),
+                fontsize=8,
+            )
+    axes.plot(
+        [result.chosen.bytes / mib],
+        [y(result.chosen)],
+        "*",
+        markersize=16,
+        color="tab:red",
+        label=f"chosen budget {result.budget}",
+    )
     axes.set_xlabel("saved activations (MiB)")
     axes.set_ylabel("step time (ms)")
     axes.set_title("ckpt: step time against activation memory across budgets")
@@ -156,7 +188,6 @@ def plot_pareto(result: ParetoResult, path: str | Path) -> Path:
 
 
 def _budget_list(name: str, budgets: Sequence[Any]) -> list[str]:
-    from ckpt.config import parse_budget
 
     if isinstance(budgets, (str, bytes)) or not isinstance(budgets, Sequence):
         raise ValueError(f"{name}={budgets!r} is not a list of budgets; give a list such as ['none', '0.5']")
@@ -182,7 +213,7 @@ def pareto(
     ``"median"``, or ``"min"`` on a machine shared with other work.
     ``path=None`` skips the plot (and matplotlib).
     """
-    from ckpt.config import parse_budget
+
     check_statistic(statistic)
     chosen_budget = parse_budget(budget, "budget")
     measured_budgets = _budget_list("measure", measure)
@@ -193,7 +224,7 @@ def pareto(
     measured = measure_budgets(model, example_inputs, measured_budgets, steps=steps, options=options)
     records = next(m.records for m in measured if m.budget == str(chosen_budget))
     curve = predicted_curve(records, points=points)
-    chosen = _point(records, chosen_budget, effort=1.0)
+    chosen = _point(_analyses(records), chosen_budget, effort=1.0)
     result = ParetoResult(str(chosen_budget), chosen, tuple(curve), tuple(measured), None, statistic)
     if path is not None:
         result = dataclasses.replace(result, path=str(plot_pareto(result, path)))
@@ -238,20 +269,39 @@ class TimeValidation:
         from ckpt.tools.report import format_bytes, table
 
         b = self.baseline
-        rows = [[c.budget, format_bytes(c.predicted_bytes), format_bytes(c.measured_bytes),
-                 f"{c.predicted_delta * 1e3:+.3f}", f"{c.measured_delta * 1e3:+.3f} ± {c.noise * 1e3:.3f}",
-                 f"{c.ratio:.2f}" if c.above_noise else f"({c.ratio:.2f}, in noise)",
-                 f"{c.delta_save * 1e3:+.3f}", f"{c.delta_recompute_library * 1e3:+.3f}",
-                 f"{c.delta_recompute_fused * 1e3:+.3f}"]
-                for c in self.checks]
-        head = (f"No-cap baseline: {format_bytes(b.measured_bytes)}, "
-                f"measured step {b.seconds(self.statistic) * 1e3:.3f} ms "
-                f"({self.statistic} of {len(b.step_seconds)} steps per budget; predicted "
-                f"{(b.predicted_fixed_seconds + b.predicted_extra_ps * 1e-12) * 1e3:.3f} ms). "
-                "Changes are against the baseline, in ms, ± one bootstrap standard error; "
-                "a ratio is shown where the change exceeds two.")
-        headers = ["budget", "predicted bytes", "measured bytes", "predicted change", "measured change",
-                   "predicted/measured", "save term", "recompute library", "recompute fused"]
+        rows = [
+            [
+                c.budget,
+                format_bytes(c.predicted_bytes),
+                format_bytes(c.measured_bytes),
+                f"{c.predicted_delta * 1e3:+.3f}",
+                f"{c.measured_delta * 1e3:+.3f} ± {c.noise * 1e3:.3f}",
+                f"{c.ratio:.2f}" if c.above_noise else f"({c.ratio:.2f}, in noise)",
+                f"{c.delta_save * 1e3:+.3f}",
+                f"{c.delta_recompute_library * 1e3:+.3f}",
+                f"{c.delta_recompute_fused * 1e3:+.3f}",
+            ]
+            for c in self.checks
+        ]
+        head = (
+            f"No-cap baseline: {format_bytes(b.measured_bytes)}, "
+            f"measured step {b.seconds(self.statistic) * 1e3:.3f} ms "
+            f"({self.statistic} of {len(b.step_seconds)} steps per budget; predicted "
+            f"{(b.predicted_fixed_seconds + b.predicted_extra_ps * 1e-12) * 1e3:.3f} ms). "
+            "Changes are against the baseline, in ms, ± one bootstrap standard error; "
+            "a ratio is shown where the change exceeds two."
+        )
+        headers = [
+            "budget",
+            "predicted bytes",
+            "measured bytes",
+            "predicted change",
+            "measured change",
+            "predicted/measured",
+            "save term",
+            "recompute library",
+            "recompute fused",
+        ]
         return head + "\n\n" + table(headers, rows, set(range(1, 9)))
 
 
@@ -279,15 +329,17 @@ def validate_time_model(
         noise = math.hypot(m.error(statistic), base.error(statistic))
         fused = m.predicted_recompute_ps - m.predicted_library_ps
         fused -= base.predicted_recompute_ps - base.predicted_library_ps
-        checks.append(TimeCheck(
-            budget=m.budget,
-            predicted_bytes=m.predicted_bytes,
-            measured_bytes=m.measured_bytes,
-            predicted_delta=(m.predicted_extra_ps - base.predicted_extra_ps) * 1e-12,
-            measured_delta=m.seconds(statistic) - base.seconds(statistic),
-            noise=noise,
-            delta_save=(m.predicted_save_ps - base.predicted_save_ps) * 1e-12,
-            delta_recompute_library=(m.predicted_library_ps - base.predicted_library_ps) * 1e-12,
-            delta_recompute_fused=fused * 1e-12,
-        ))
+        checks.append(
+            TimeCheck(
+                budget=m.budget,
+                predicted_bytes=m.predicted_bytes,
+                measured_bytes=m.measured_bytes,
+                predicted_delta=(m.predicted_extra_ps - base.predicted_extra_ps) * 1e-12,
+                measured_delta=m.seconds(statistic) - base.seconds(statistic),
+                noise=noise,
+                delta_save=(m.predicted_save_ps - base.predicted_save_ps) * 1e-12,
+                delta_recompute_library=(m.predicted_library_ps - base.predicted_library_ps) * 1e-12,
+                delta_recompute_fused=fused * 1e-12,
+            )
+        )
     return TimeValidation(base, tuple(checks), statistic)

@@ -42,8 +42,8 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from ckpt import _torch_compat as compat
 from ckpt.backend import BudgetWarning, CkptPartitioner, resolve_profile
-from ckpt.records import record_partitions
 from ckpt.config import CkptConfig
+from ckpt.records import record_partitions
 from tests.distributed.launch import progress
 from tests.distributed.models import BATCH, LR, STEPS, Step
 from tests.distributed.rank_tools import PlanSummary, gather, summarize

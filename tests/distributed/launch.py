@@ -83,9 +83,7 @@ def _entry(
 
     inductor_config.compile_threads = 1  # compile in the rank itself: no worker pool to outlive a killed rank
     progress("init_process_group")
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout)
-    )
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
     try:
         result = fn(rank, world_size, *args)
         progress("done")

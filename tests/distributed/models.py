@@ -101,4 +101,3 @@ def assert_steps_close(got: list[Step], want: list[Step], rtol: float = 1e-4, at
             torch.testing.assert_close(
                 a.grads[name], b.grads[name], rtol=rtol, atol=atol, msg=lambda m: f"step {index} grad {name}: {m}"
             )
-

@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ckpt.records import PartitionRecord
 from ckpt.measure import live_storages
+from ckpt.records import PartitionRecord
 
 __all__ = [
     "PlanSummary",

@@ -15,10 +15,10 @@ does not change.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
-
-import time
 
 from benchmarks.language_models import GPT, GPTConfig
 from ckpt.config import CkptConfig

@@ -20,8 +20,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ckpt import _torch_compat as compat
-from ckpt.records import record_partitions
 from ckpt.measure import saved_activations
+from ckpt.records import record_partitions
 from tests.distributed.launch import progress
 from tests.distributed.models import LR, Step, global_batches, make_net
 from tests.distributed.rank_tools import (
@@ -86,7 +86,10 @@ def _train(
 
 
 def _library_measure(model: nn.Module, step_fn: Any, batch: torch.Tensor) -> int | str:
-    """What ``ckpt.measure.saved_activations`` counts for one more step (both ranks fail alike, before any collective)."""
+    """What ``ckpt.measure.saved_activations`` counts for one more step.
+
+    Both ranks fail alike, before any collective.
+    """
     try:
         with saved_activations(model, batch) as saved:
             loss = step_fn(batch)

@@ -17,9 +17,9 @@ import sympy
 import torch
 
 from ckpt import _torch_compat as compat
-from ckpt.records import PartitionRecord, record_partitions
 from ckpt.cost_model.node_cost import storage_bytes_expr
 from ckpt.measure import saved_activations
+from ckpt.records import PartitionRecord, record_partitions
 from tests.conftest import StepResult, assert_close_grads
 
 __all__ = [
@@ -48,9 +48,7 @@ def ckpt_compile(fn: Callable[..., Any], budget: str | None, **compile_kwargs: A
 
 
 def _fresh_inputs(inputs: Sequence[Any]) -> list[Any]:
-    return [
-        x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x for x in inputs
-    ]
+    return [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
 def run_steps(
