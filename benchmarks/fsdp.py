@@ -33,7 +33,6 @@ process with nccl.  The run is killed after ``--timeout`` seconds.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import os
 import platform
@@ -43,7 +42,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,13 +49,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn as nn
 
 from benchmarks.language_models import GPT, GPTConfig
 from benchmarks.model_base import token_batch
 from benchmarks.models import model_spec
 
-__all__ = ["SIZES", "main", "saved_activation_bytes"]
+__all__ = ["SIZES", "main"]
 
 MIB = 2**20
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -88,32 +85,6 @@ class RankResult:
     @property
     def step_s(self) -> float:
         return statistics.median(self.samples_s)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if callable(to_local) else tensor
-
-
-def _key(tensor: torch.Tensor) -> tuple[str, int]:
-    return (str(tensor.device), tensor.untyped_storage().data_ptr())
-
-
-@contextlib.contextmanager
-def saved_activation_bytes(model: nn.Module, *inputs: torch.Tensor) -> Iterator[dict[tuple[str, int], int]]:
-    """Storages saved for the backward, without the inputs and the parameters the model holds when saving."""
-    fixed = {_key(x) for x in inputs}
-    storages: dict[tuple[str, int], int] = {}
-
-    @torch.compiler.disable  # the hook runs inside compiled frames; Dynamo must not trace it
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        key = _key(tensor)
-        if key not in fixed and key not in {_key(_local(p)) for p in [*model.parameters(), *model.buffers()]}:
-            storages[key] = tensor.untyped_storage().nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        yield storages
 
 
 def _build(config: GPTConfig, budget: str | None, device: torch.device, dtype: torch.dtype) -> GPT:
@@ -152,11 +123,12 @@ def _step(model: GPT, inputs: tuple[torch.Tensor, ...], device: torch.device) ->
 def _prepare(key: str, model: GPT, inputs: tuple[torch.Tensor, ...], rank: int, device: torch.device) -> RankResult:
     """Compile (first step, ckpt decisions recorded) and count the activation bytes (second step)."""
     from ckpt._torch_compat import compile_caches_disabled
+    from ckpt.measure import saved_activations
     from ckpt.records import record_partitions
 
     with compile_caches_disabled(), record_partitions() as records:
         first = _step(model, inputs, device)
-    with saved_activation_bytes(model, *inputs) as storages:
+    with saved_activations(model, *inputs) as saved:
         loss = model(*inputs)
     loss.backward()
     model.zero_grad(set_to_none=True)
@@ -164,7 +136,7 @@ def _prepare(key: str, model: GPT, inputs: tuple[torch.Tensor, ...], rank: int, 
     return RankResult(
         rank=rank,
         setting=key,
-        activation_bytes=sum(storages.values()),
+        activation_bytes=saved.bytes,
         first_step_s=first,
         graphs=len(plans),
         budget_bytes=sum(r.budget_bytes or 0 for r in plans) if plans else None,

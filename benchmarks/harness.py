@@ -38,11 +38,12 @@ import torch
 
 from benchmarks.model_base import BlockModel
 from benchmarks.models import ModelSpec, parameter_count
-from benchmarks.progress import Progress
 from benchmarks.settings import Setting, Step, make_step
 from ckpt import _torch_compat as compat
 from ckpt.measure import saved_activations
 from ckpt.records import PartitionRecord, record_partitions
+from ckpt.tools.common import rotation
+from ckpt.tools.progress import Progress
 
 __all__ = ["STOP", "Clock", "ModelResult", "SettingResult", "benchmark_model", "summarize_record"]
 
@@ -146,9 +147,7 @@ def summarize_record(record: PartitionRecord, top: int = 8) -> dict[str, Any]:
 
 
 def _partition_seconds() -> float:
-    from torch._dynamo.utils import compilation_time_metrics
-
-    return sum(sum(compilation_time_metrics.get(key, [])) for key in _PARTITION_METRICS)
+    return compat.compilation_seconds(_PARTITION_METRICS)
 
 
 def _sync(device: torch.device) -> None:
@@ -221,8 +220,7 @@ def _time_round_robin(
     live = [i for i, r in enumerate(results) if r.error is None]
     with dynamo_config.patch(error_on_recompile=True):
         for round_index in range(rounds + 1):  # round 0 warms up and is not kept
-            order = live[round_index % len(live) :] + live[: round_index % len(live)] if live else []
-            for i in order:
+            for i in rotation(live, round_index):
                 if results[i].error is not None:
                     continue
                 try:

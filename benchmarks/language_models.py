@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from benchmarks.model_base import BlockModel, token_batch
+from ckpt.tools.demo import GPTBlock
 
 __all__ = ["GPT", "GPTConfig", "Llama", "LlamaConfig"]
 
@@ -27,29 +28,6 @@ class GPTConfig:
     dropout: float = 0.1
 
 
-class GPTBlock(nn.Module):
-    """Pre-LayerNorm attention (scaled_dot_product_attention) and GELU MLP, with dropout."""
-
-    def __init__(self, c: GPTConfig) -> None:
-        super().__init__()
-        self.heads = c.heads
-        self.ln1 = nn.LayerNorm(c.dim)
-        self.qkv = nn.Linear(c.dim, 3 * c.dim)
-        self.proj = nn.Linear(c.dim, c.dim)
-        self.ln2 = nn.LayerNorm(c.dim)
-        self.fc = nn.Linear(c.dim, 4 * c.dim)
-        self.out = nn.Linear(4 * c.dim, c.dim)
-        self.dropout = nn.Dropout(c.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.dropout(self.proj(attn.transpose(1, 2).reshape(b, t, d)))
-        return x + self.dropout(self.out(F.gelu(self.fc(self.ln2(x)))))
-
-
 class GPT(BlockModel):
     """GPT-2 style language model: learned positions, LayerNorm, GELU MLP, dropout."""
 
@@ -59,7 +37,7 @@ class GPT(BlockModel):
         self.tokens = nn.Embedding(c.vocab, c.dim)
         self.positions = nn.Embedding(c.seq, c.dim)
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(GPTBlock(c) for _ in range(c.layers))
+        self.blocks = nn.ModuleList(GPTBlock(c.dim, c.heads, c.dropout) for _ in range(c.layers))
         self.ln = nn.LayerNorm(c.dim)
         self.head = nn.Linear(c.dim, c.vocab, bias=False)
 

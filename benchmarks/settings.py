@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import re
-import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
 from benchmarks.model_base import BlockModel
+from ckpt.tools.common import fresh_function
 
 __all__ = [
     "FAMILIES",
@@ -129,11 +129,7 @@ def _fresh_function(tag: str, model: BlockModel, checkpoint_blocks: bool) -> Cal
     def step(*inputs: torch.Tensor) -> torch.Tensor:
         return model(*inputs, checkpoint_blocks=checkpoint_blocks)
 
-    name = "step_" + re.sub(r"\W", "_", tag)
-    code = step.__code__.replace(co_name=name)
-    if hasattr(code, "co_qualname"):
-        code = code.replace(co_qualname=name)
-    return types.FunctionType(code, step.__globals__, name, step.__defaults__, step.__closure__)
+    return fresh_function(step, "step_" + re.sub(r"\W", "_", tag))
 
 
 @contextlib.contextmanager

@@ -25,15 +25,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from benchmarks.language_models import GPT, GPTConfig
-from ckpt import _torch_compat as compat
 from ckpt.cost_model.profiles import GPU_PROFILES, DeviceProfile
 from ckpt.partitioner import solve
-from ckpt.partitioner.analysis import JointAnalysis, analyze_joint
+from ckpt.partitioner.analysis import JointAnalysis
+from ckpt.tools.joint import trace_joint
 
 __all__ = ["SolveRow", "main", "measure_layers"]
 
@@ -56,14 +55,6 @@ class SolveRow:
     plan_bytes: int
     minimum_bytes: int | None  # set when the budget is below the smallest plan
     gap: float | None
-
-
-class _Captured(Exception):
-    """Raised by the capturing partition function to stop the trace once it has measured."""
-
-    def __init__(self, rows: list[SolveRow]) -> None:
-        super().__init__(f"captured {len(rows)} rows")
-        self.rows = rows
 
 
 def _gap(time_ps: int, lower_bound: int | None) -> float | None:
@@ -101,35 +92,11 @@ def _solve_all(layers: int, nodes: int, analysis: JointAnalysis, analysis_s: flo
 
 def measure_layers(layers: int, profile: DeviceProfile, effort: float = 1.0) -> list[SolveRow]:
     """Trace a ``layers``-deep transformer's joint graph and time the solver at every budget."""
-    from torch._functorch.aot_autograd import aot_module
-    from torch._functorch.compilers import nop
-    from torch._inductor.decomposition import select_decomp_table
-
-    def capture(gm: torch.fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any) -> Any:
-        nodes = len(gm.graph.nodes)
-        started = time.perf_counter()
-        gm, _, _ = compat.prepare_joint(gm)
-        analysis = analyze_joint(gm, num_fwd_outputs, profile)
-        analysis_s = time.perf_counter() - started
-        raise _Captured(_solve_all(layers, nodes, analysis, analysis_s, effort))
-
     torch.manual_seed(0)
     model = GPT(GPTConfig(layers=layers, dim=256, heads=4, seq=128, batch=8, vocab=2048))
     inputs = model.make_inputs(torch.Generator().manual_seed(1), torch.device("cpu"), torch.float32)
-    traced = aot_module(model, fw_compiler=nop, bw_compiler=nop, partition_fn=capture,
-                        decompositions=select_decomp_table())  # fmt: skip
-    try:
-        traced(*inputs)
-    except _Captured as captured:
-        return captured.rows
-    except Exception as error:  # AOTAutograd may wrap what the partition function raised
-        cause: BaseException | None = error
-        while cause is not None and not isinstance(cause, _Captured):
-            cause = cause.__cause__ or cause.__context__
-        if isinstance(cause, _Captured):
-            return cause.rows
-        raise
-    raise RuntimeError(f"the {layers}-layer trace finished without reaching the partition function")
+    joint = trace_joint(model, *inputs, profile=profile)
+    return _solve_all(layers, joint.raw_nodes, joint.analysis, joint.analysis_seconds, effort)
 
 
 def _profile(name: str) -> DeviceProfile:

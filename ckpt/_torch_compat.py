@@ -4,6 +4,16 @@ Everything ckpt takes from ``torch._*`` goes through this module, so a torch
 upgrade touches one file.  Functions import lazily, adapt to the signatures of
 the torch versions we support (2.9 and newer), and raise
 :class:`UnsupportedTorchError` with the torch version when something is missing.
+
+The tests and benchmarks go through it too, with these exceptions, each a
+documented switch rather than an internal whose shape changes:
+
+* the config modules ``torch._inductor.config``, ``torch._functorch.config``
+  and ``torch._dynamo.config``, patched with their own ``patch`` context
+  managers (Inductor's RNG fallback, torch's own memory budget, recompile
+  errors);
+* ``torch.distributed._functional_collectives``, the only way to write a
+  collective that AOTAutograd traces into the graph (the distributed tests).
 """
 
 from __future__ import annotations
@@ -402,3 +412,47 @@ def rng_state_bytes(value: Any) -> int:
     if device.type == "cuda":
         return int(torch.cuda.get_rng_state(device).numel())
     return int(torch.get_rng_state().numel())
+
+
+def aot_module_without_kernels(
+    module: torch.nn.Module, partition_fn: Any, *, keep_inference_input_mutations: bool = False
+) -> Any:
+    """``module`` through AOTAutograd with Inductor's decompositions and no-op compilers.
+
+    The joint graph reaches ``partition_fn`` as Inductor's partitioner would
+    see it, and no kernel is compiled, so tracing takes well under a second.
+    """
+    from torch._functorch.aot_autograd import aot_module
+    from torch._functorch.compilers import nop
+    from torch._inductor.decomposition import select_decomp_table
+
+    return aot_module(
+        module,
+        fw_compiler=nop,
+        bw_compiler=nop,
+        partition_fn=partition_fn,
+        decompositions=select_decomp_table(),
+        keep_inference_input_mutations=keep_inference_input_mutations,
+    )
+
+
+def run_and_get_code(fn: Any, *args: Any) -> tuple[Any, list[str]]:
+    """``fn(*args)`` and the source of every module Inductor generated meanwhile."""
+    from torch._inductor.utils import run_and_get_code as run
+
+    result, code = run(fn, *args)
+    return result, list(code)
+
+
+def dynamo_counters() -> Any:
+    """Dynamo's event counters (``counters["stats"]["unique_graphs"]`` counts compiled graphs)."""
+    from torch._dynamo.utils import counters
+
+    return counters
+
+
+def compilation_seconds(keys: Iterable[str]) -> float:
+    """Seconds torch's compile-time metrics recorded under ``keys`` so far in this process."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return float(sum(sum(compilation_time_metrics.get(key, [])) for key in keys))

@@ -114,9 +114,7 @@ def _kernels(code: str) -> dict[str, str]:
 
 
 def test_recomputed_pointwise_chain_fuses_into_the_consuming_backward_kernel():
-    from torch._inductor.utils import run_and_get_code
-
-    from ckpt._torch_compat import compile_caches_disabled
+    from ckpt._torch_compat import compile_caches_disabled, run_and_get_code
 
     torch.manual_seed(0)
     model, x = PointwiseChain(), torch.randn(8, 16)

@@ -9,39 +9,17 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from ckpt.tools.demo import GPTBlock
 from tests.conftest import assert_close_grads, compiled_step, eager_step
 
 pytestmark = pytest.mark.compile
 
 
-class TinyBlock(nn.Module):
-    """LayerNorm, attention through scaled_dot_product_attention, a GELU MLP, residuals."""
-
-    def __init__(self, dim: int = 32, heads: int = 4) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.ln2 = nn.LayerNorm(dim)
-        self.fc = nn.Linear(dim, 4 * dim)
-        self.out = nn.Linear(4 * dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
-        x = x + self.proj(a)
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
 class TinyModel(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.blocks = nn.Sequential(TinyBlock(), TinyBlock())
+        self.blocks = nn.Sequential(GPTBlock(32, 4), GPTBlock(32, 4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.blocks(x).square().mean()

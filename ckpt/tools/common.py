@@ -9,9 +9,10 @@ loss and gives each compile its own code object.
 from __future__ import annotations
 
 import statistics
+import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -24,13 +25,17 @@ __all__ = [
     "clone_inputs",
     "compile_options",
     "fresh_entry",
+    "fresh_function",
     "loss_of",
     "require_matplotlib",
+    "rotation",
     "summarise",
 ]
 
 LOSS_RULE = "the output itself if it is a scalar tensor, else the sum of .sum() over its floating-point tensors"
 PLOT_EXTRA = "pip install 'torch-ckpt[plot]'"
+
+T = TypeVar("T")
 
 _STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": statistics.median, "min": min}
 STATISTICS = tuple(_STATISTICS)
@@ -87,16 +92,38 @@ def _step(model: torch.nn.Module, *inputs: Any) -> Any:
     return model(*inputs)
 
 
+def fresh_function(fn: Callable[..., Any], name: str) -> types.FunctionType:
+    """A copy of ``fn`` (same globals, defaults and closure) with a code object of its own, named ``name``.
+
+    Dynamo caches compiled code per code object, and parameters are graph
+    inputs: two settings compiled through one code object would share the
+    first one's graph.
+    """
+    code = fn.__code__.replace(co_name=name)
+    if sys.version_info >= (3, 11):
+        code = code.replace(co_qualname=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
 def fresh_entry(label: str) -> types.FunctionType:
     """A function ``f(model, *inputs) -> model(*inputs)`` with a code object of its own.
 
-    Dynamo caches compiled code per code object, and parameters are graph
-    inputs: compiling through this keeps the cache entry off the model class's
-    ``forward``, so a later ``torch.compile`` of the user's model never reuses it,
-    and two budgets compiled in one process never share a graph.
+    Compiling through this keeps the cache entry off the model class's
+    ``forward``, so a later ``torch.compile`` of the user's model never reuses
+    it, and two budgets compiled in one process never share a graph.
     """
-    code = _step.__code__.replace(co_name=f"ckpt_step_{label}")
-    return types.FunctionType(code, _step.__globals__, code.co_name)
+    return fresh_function(_step, f"ckpt_step_{label}")
+
+
+def rotation(items: Sequence[T], round_index: int) -> list[T]:
+    """The order of one round-robin round: every item once, starting one later each round.
+
+    Timing settings in rotated rounds lets a shared machine's drift hit all of them alike.
+    """
+    if not items:
+        return []
+    offset = round_index % len(items)
+    return [*items[offset:], *items[:offset]]
 
 
 def check_model(model: Any) -> torch.nn.Module:

@@ -27,12 +27,20 @@ import torch.nn.functional as F
 from ckpt import _torch_compat as compat
 from ckpt.measure import saved_activations
 from ckpt.records import record_partitions
+from ckpt.tools.common import rotation
+from ckpt.tools.progress import Progress
 
-__all__ = ["DemoGPT", "DemoRow", "run_demo"]
+__all__ = ["DemoGPT", "DemoRow", "GPTBlock", "run_demo"]
 
 
-class _Block(nn.Module):
-    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+class GPTBlock(nn.Module):
+    """A GPT-2 block: pre-LayerNorm causal attention (``scaled_dot_product_attention``), GELU MLP, residuals.
+
+    With ``dropout > 0``, dropout after the attention projection and the MLP.
+    The demo, the benchmarks' GPT-2 model and the end-to-end tests share it.
+    """
+
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.heads = heads
         self.ln1 = nn.LayerNorm(dim)
@@ -41,7 +49,7 @@ class _Block(nn.Module):
         self.ln2 = nn.LayerNorm(dim)
         self.fc = nn.Linear(dim, 4 * dim)
         self.out = nn.Linear(4 * dim, dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout: nn.Module = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -59,7 +67,7 @@ class DemoGPT(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(vocab, dim)
         self.positions = nn.Embedding(seq, dim)
-        self.blocks = nn.ModuleList(_Block(dim, heads, 0.1) for _ in range(layers))
+        self.blocks = nn.ModuleList(GPTBlock(dim, heads, 0.1) for _ in range(layers))
         self.ln = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
 
@@ -79,24 +87,6 @@ class DemoRow:
     budget_mib: float | None  # the ckpt cap, summed over the compiled graphs
     step_ms: float
     loss: float
-
-
-class _Progress:
-    """A one-line progress bar on a terminal stream."""
-
-    def __init__(self, total: int, stream: TextIO) -> None:
-        self.total, self.done, self.stream = total, 0, stream
-
-    def step(self, label: str) -> None:
-        self.done += 1
-        width = 30
-        filled = int(width * self.done / self.total)
-        self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {label:<40}")
-        self.stream.flush()
-
-    def close(self) -> None:
-        self.stream.write("\n")
-        self.stream.flush()
 
 
 def _settings() -> list[tuple[str, Callable[[nn.Module], Callable[..., Any]]]]:
@@ -174,13 +164,12 @@ def run_demo(steps: int = 8, device: str | None = None, stream: TextIO = sys.std
     for name, make in _settings():
         model = copy.deepcopy(base)
         runs.append(_Run(name, model, make(model), torch.optim.SGD(model.parameters(), lr=0.1), rng, cuda_rng, []))
-    progress = _Progress(len(runs) * steps, stream)
+    progress = Progress(len(runs) * steps, stream)
     for step in range(steps):
         idx, targets = data[step, :, :-1], data[step, :, 1:]
-        for k in range(len(runs)):
-            run = runs[(k + step) % len(runs)]
+        for run in rotation(runs, step):
             _step(run, idx, targets, device, timed=step > 0)
-            progress.step(f"{run.name}: step {step + 1}/{steps}")
+            progress.update(f"{run.name}: step {step + 1}/{steps}")
     progress.close()
     rows = []
     for run in runs:

@@ -37,6 +37,7 @@ from ckpt.tools.common import (
     compile_options,
     fresh_entry,
     loss_of,
+    rotation,
     summarise,
 )
 from ckpt.tools.report import plan_totals
@@ -181,7 +182,6 @@ def measure_budgets(
             f"the budgets compiled to different numbers of graphs ({counts}); a compiled graph was reused"
         )
     for round_index in range(steps):
-        offset = round_index % len(settings)
-        for setting in settings[offset:] + settings[:offset]:
+        for setting in rotation(settings, round_index):
             setting.times.append(_run(setting))
     return [dataclasses.replace(first, step_seconds=tuple(s.times)) for first, s in zip(firsts, settings)]

@@ -148,10 +148,6 @@ def _collectives(gm: fx.GraphModule) -> list[str]:
 
 def _traced(model: GatheredMLP, budget: str, tag: bool, backward: list[str]) -> Any:
     """The model's forward through AOTAutograd and the ckpt partitioner, without compiling kernels."""
-    from torch._functorch.aot_autograd import aot_module
-    from torch._functorch.compilers import nop
-    from torch._inductor.decomposition import select_decomp_table
-
     config = CkptConfig.from_sources({"memory_budget": budget})
     partitioner = CkptPartitioner(config, resolve_profile(config, []))
 
@@ -162,9 +158,7 @@ def _traced(model: GatheredMLP, budget: str, tag: bool, backward: list[str]) -> 
         backward.extend(_collectives(backward_module))
         return forward, backward_module
 
-    return aot_module(
-        model, fw_compiler=nop, bw_compiler=nop, partition_fn=partition, decompositions=select_decomp_table()
-    )
+    return compat.aot_module_without_kernels(model, partition)
 
 
 def _compiled(model: GatheredMLP, budget: str) -> Any:
