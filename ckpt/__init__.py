@@ -14,11 +14,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ckpt import records as _records
+from ckpt._version import __version__
 
 if TYPE_CHECKING:
     from ckpt.records import PartitionRecord
 
-__version__ = "0.1.0"
+
+__all__ = ["__version__", "explain", "pareto"]
 
 _LAZY = {"explain": "ckpt.tools.explainer", "pareto": "ckpt.tools.tradeoff"}
 

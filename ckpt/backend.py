@@ -36,8 +36,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-import ckpt
 from ckpt import _torch_compat as compat
+from ckpt._version import __version__
 from ckpt.config import CkptConfig
 from ckpt.cost_model.profiles import GPU_PROFILES, DeviceProfile, gpu_profile_for_name
 from ckpt.partitioner.analysis import JointAnalysis, analyze_joint, to_picoseconds
@@ -72,7 +72,7 @@ _graph_counter = itertools.count()
 
 
 def _package_files() -> list[str]:
-    root = Path(ckpt.__file__).parent
+    root = Path(__file__).resolve().parent
     return sorted(str(p) for p in root.rglob("*.py"))
 
 
@@ -96,7 +96,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
     def uuid(self) -> str:
         """Covers everything a plan depends on, so a cached graph never crosses budgets."""
         digest = hashlib.sha256()
-        digest.update(ckpt.__version__.encode())
+        digest.update(__version__.encode())
         digest.update(repr(self.config.budget).encode())
         digest.update(repr(self.config.solver_effort).encode())
         digest.update(self.profile.key().encode())

@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -223,3 +224,12 @@ class CkptConfig:
         value, source = pick("solver_effort")
         effort = _parse_effort(value, source) if value is not None else cls.solver_effort
         return cls(budget=budget, device=device, strict=strict, explain=explain, solver_effort=effort)
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where ckpt caches its measurements: ``CKPT_CACHE_DIR``, else ``$XDG_CACHE_HOME/ckpt`` or ``~/.cache/ckpt``."""
+    environ = os.environ if environ is None else environ
+    if environ.get("CKPT_CACHE_DIR"):
+        return Path(environ["CKPT_CACHE_DIR"])
+    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ckpt"

@@ -23,7 +23,8 @@ from ckpt.records import PartitionRecord
 from ckpt.tools.common import loss_of
 from ckpt.tools.explainer import emit_explain, explain
 from ckpt.tools.factory import FactoryError, call_factory, check_factory_result, load_factory
-from ckpt.tools.report import ExplainReport, graph_report, short_source
+from ckpt.tools.formatting import short_source
+from ckpt.tools.report import ExplainReport, graph_report
 from ckpt.tools.tradeoff import ParetoResult, pareto, plot_pareto, predicted_curve, validate_time_model
 from tests.joint import TEST_PROFILE, trace_joint
 
@@ -160,8 +161,7 @@ def test_solver_lambda(budget, lam):
     ids=["stack-trace", "module-stack", "forward-module-stack", "nothing"],
 )
 def test_source_of_a_value(meta, expected):
-    from ckpt.partitioner.analysis import describe_value
-    from ckpt.tools.report import _source
+    from ckpt.tools.report import _source, describe_value
 
     graph = torch.fx.Graph()
     node = graph.call_function(torch.ops.aten.relu.default, (graph.placeholder("x"),))

@@ -38,23 +38,16 @@ from pathlib import Path
 
 import torch
 
+from ckpt.config import cache_dir
 from ckpt.cost_model.fused_calibration import measure_fused_costs
 from ckpt.cost_model.profiles import DeviceProfile
 from ckpt.cost_model.timing import fastest_seconds
 
-__all__ = ["cache_dir", "calibrate_cpu", "cpu_profile"]
+__all__ = ["calibrate_cpu", "cpu_profile"]
 
 log = logging.getLogger(__name__)
 
 _FORMAT_VERSION = 4
-
-
-def cache_dir(environ: dict[str, str] | None = None) -> Path:
-    environ = dict(os.environ) if environ is None else environ
-    if environ.get("CKPT_CACHE_DIR"):
-        return Path(environ["CKPT_CACHE_DIR"])
-    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ckpt"
 
 
 def _cpu_model() -> str:

@@ -10,14 +10,7 @@ the backward reads (``needed``) and, transitively, the roots they are computed
 from, down to the graph inputs.  A saved view would keep its whole base
 storage alive anyway, so this also makes the byte count exact.
 
-**Hard constraints.**  A value cannot be recomputed if its op draws from the
-global RNG (``Tag.nondeterministic_seeded``), is a collective (unless tagged
-``MUST_RECOMPUTE``), mutates, has other side effects, reads a graph input that
-the forward mutates (the backward would read the new value), or carries a
-user ``MUST_SAVE``/``PREFER_SAVE`` tag.  It cannot be saved if it is not a
-tensor (a tuple), is a ``SymFloat``, is a graph input the forward mutates, or
-carries a ``MUST_RECOMPUTE``/``PREFER_RECOMPUTE`` tag (``torch.utils.checkpoint``
-regions and selective-checkpoint policies).
+**Hard constraints** come from :mod:`ckpt.partitioner.joint_graph`.
 
 **Costs** (seconds on the device profile, stored as integer picoseconds):
 
@@ -50,7 +43,6 @@ from ckpt.cost_model.node_cost import (
     estimate_node,
     numel_expr,
     storage_bytes_expr,
-    tensor_values,
 )
 from ckpt.cost_model.ops import OpKind
 from ckpt.cost_model.profiles import DeviceProfile
@@ -61,6 +53,7 @@ from ckpt.cost_model.roofline import (
     tensor_write_seconds,
     transfer_seconds,
 )
+from ckpt.partitioner.joint_graph import JointGraph, classify_joint, recompute_constraint, root_of, save_constraint
 from ckpt.partitioner.problem import Problem, evaluate
 
 __all__ = ["JointAnalysis", "analyze_joint", "to_picoseconds"]
@@ -91,120 +84,6 @@ class JointAnalysis:
     size_hints: dict[Any, int]  # size symbol -> hint
 
 
-@dataclass
-class _Graph:
-    """The joint graph, classified."""
-
-    fwd_outputs: list[fx.Node]
-    bwd_outputs: list[fx.Node]
-    backward: set[fx.Node]  # downstream of the tangents, or tagged to run in the backward
-    forward_required: set[fx.Node]  # needed to produce the forward outputs and forward mutations
-    mutated_inputs: set[fx.Node]
-    order: dict[fx.Node, int]  # topological index of every node
-
-
-def _root(node: fx.Node, kinds: dict[fx.Node, OpKind]) -> fx.Node:
-    """The non-view node whose storage ``node`` aliases."""
-    while True:
-        kind = kinds.get(node)
-        if kind is OpKind.VIEW and node.all_input_nodes:
-            node = node.all_input_nodes[0]
-            continue
-        if kind is OpKind.GETITEM and kinds.get(node.args[0]) is OpKind.VIEW:  # type: ignore[arg-type]
-            node = node.args[0]  # type: ignore[assignment]
-            continue
-        return node
-
-
-def _mutated_args(node: fx.Node) -> list[fx.Node]:
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        return []
-    mutated = []
-    for index, argument in enumerate(target._schema.arguments):
-        if argument.alias_info is None or not argument.alias_info.is_write:
-            continue
-        value = node.args[index] if index < len(node.args) else node.kwargs.get(argument.name)
-        if isinstance(value, fx.Node):
-            mutated.append(value)
-    return mutated
-
-
-def _classify_graph(joint: fx.GraphModule, num_fwd_outputs: int, kinds: dict[fx.Node, OpKind]) -> _Graph:
-    nodes = list(joint.graph.nodes)
-    fwd_outputs, bwd_outputs = compat.fwd_bwd_outputs(joint, num_fwd_outputs)
-    backward: set[fx.Node] = set()
-    for node in nodes:
-        if node.op == "placeholder":
-            if compat.is_tangent(node) or compat.is_bwd_seed_offset(node):
-                backward.add(node)
-        elif node.op != "output" and (
-            compat.must_be_in_backward(node) or any(a in backward for a in node.all_input_nodes)
-        ):
-            backward.add(node)
-    forward_required: set[fx.Node] = set()
-    stack = [n for n in fwd_outputs if isinstance(n, fx.Node)]
-    stack += [n for n in nodes if n.op == "call_function" and compat.must_be_in_forward(n) and n not in backward]
-    while stack:
-        node = stack.pop()
-        if node in forward_required or node in backward:
-            continue
-        forward_required.add(node)
-        stack.extend(node.all_input_nodes)
-    mutated_inputs: set[fx.Node] = set()
-    for node in nodes:
-        if node.op == "call_function" and node not in backward and kinds[node] is OpKind.MUTATION:
-            for arg in _mutated_args(node):
-                root = _root(arg, kinds)
-                if root.op == "placeholder":
-                    mutated_inputs.add(root)
-    return _Graph(
-        fwd_outputs=[n for n in fwd_outputs if isinstance(n, fx.Node)],
-        bwd_outputs=[n for n in bwd_outputs if isinstance(n, fx.Node)],
-        backward=backward,
-        forward_required=forward_required,
-        mutated_inputs=mutated_inputs,
-        order={node: i for i, node in enumerate(nodes)},
-    )
-
-
-def _save_constraint(node: fx.Node, graph: _Graph) -> str | None:
-    value = node.meta.get("val")
-    if node in graph.mutated_inputs:
-        return "graph input mutated in the forward"
-    if compat.recompute_tag(node) == "recompute":
-        return "tagged MUST_RECOMPUTE/PREFER_RECOMPUTE (checkpoint region or policy)"
-    if isinstance(value, torch.SymFloat):
-        return "SymFloat"
-    if isinstance(value, (tuple, list)):
-        return "not a tensor (multiple outputs)"
-    if value is None and node.op == "call_function" and "tensor_meta" not in node.meta:
-        return "no value metadata"
-    return None
-
-
-def _recompute_constraint(node: fx.Node, kind: OpKind, graph: _Graph, kinds: dict[fx.Node, OpKind]) -> str | None:
-    if node.op == "placeholder":
-        return "graph input"
-    if node.op != "call_function":
-        return f"{node.op} node"
-    tag = compat.recompute_tag(node)
-    if kind is OpKind.COLLECTIVE:  # before the tag: torch tags every untagged collective MUST_SAVE
-        return None if tag == "recompute" else "collective"
-    if tag == "save":
-        return "tagged MUST_SAVE/PREFER_SAVE"
-    if kind is OpKind.RANDOM:
-        return None if tag == "recompute" else "random op (draws from the global RNG)"
-    if kind is OpKind.MUTATION:
-        return "mutates an argument"
-    if compat.has_side_effects(node):
-        return "has side effects"
-    for arg in node.all_input_nodes:
-        if _root(arg, kinds) in graph.mutated_inputs:
-            return "reads a graph input that the forward mutates"
-    return None
-
-
 @dataclass(frozen=True)
 class _Costs:
     """One problem value's row: what saving and recomputing it cost, and whether each is allowed."""
@@ -224,7 +103,7 @@ class _Context:
 
     profile: DeviceProfile
     sizes: SizeEvaluator
-    graph: _Graph
+    graph: JointGraph
     kinds: dict[fx.Node, OpKind]
     estimates: dict[fx.Node, NodeEstimate]
     users: dict[fx.Node, list[fx.Node]]  # users of each root, looking through views
@@ -253,7 +132,7 @@ def analyze_joint(
     rows = [_price(node, context) for node in ordered]
     problem = Problem(
         names=tuple(n.name for n in ordered),
-        inputs=tuple(tuple(sorted({index[_root(a, kinds)] for a in n.all_input_nodes})) for n in ordered),
+        inputs=tuple(tuple(sorted({index[root_of(a, kinds)] for a in n.all_input_nodes})) for n in ordered),
         needed=tuple(n in needed for n in ordered),
         save_bytes=tuple(r.save_bytes for r in rows),
         save_time=tuple(r.save_time for r in rows),
@@ -280,7 +159,7 @@ def analyze_joint(
         forward_names=frozenset(
             n.name for n in joint.graph.nodes if n.op == "call_function" and n not in graph.backward
         ),
-        root_names={n.name: _root(n, kinds).name for n in context.estimates if _root(n, kinds) is not n},
+        root_names={n.name: root_of(n, kinds).name for n in context.estimates if root_of(n, kinds) is not n},
         save_bytes_exprs=tuple(r.save_bytes_expr for r in rows),
         size_hints=context.sizes.hints,
     )
@@ -297,14 +176,14 @@ def _context(
     kinds: dict[fx.Node, OpKind] = {node: est.kind for node, est in estimates.items()}
     for node in joint.graph.nodes:
         kinds.setdefault(node, OpKind.OTHER)
-    graph = _classify_graph(joint, num_fwd_outputs, kinds)
+    graph = classify_joint(joint, num_fwd_outputs, kinds)
     users: dict[fx.Node, list[fx.Node]] = {}
     for node in joint.graph.nodes:
         if node.op == "output" or kinds[node] is OpKind.VIEW:
             continue
         for arg in node.all_input_nodes:
-            users.setdefault(_root(arg, kinds), []).append(node)
-    charged_inputs = _inputs_copied_for_convolution(joint, lambda n: _root(n, kinds))
+            users.setdefault(root_of(arg, kinds), []).append(node)
+    charged_inputs = _inputs_copied_for_convolution(joint, lambda n: root_of(n, kinds))
     primals = [n for n in joint.graph.nodes if n.op == "placeholder" and compat.is_primal(n)]
     charged_inputs |= {primals[i] for i in sorted(activation_inputs) if i < len(primals)}
     return _Context(
@@ -314,21 +193,21 @@ def _context(
         kinds=kinds,
         estimates=estimates,
         users=users,
-        fwd_output_roots={_root(n, kinds) for n in graph.fwd_outputs},
+        fwd_output_roots={root_of(n, kinds) for n in graph.fwd_outputs},
         charged_inputs=charged_inputs,
     )
 
 
-def _problem_values(graph: _Graph, kinds: dict[fx.Node, OpKind]) -> tuple[set[fx.Node], list[fx.Node]]:
+def _problem_values(graph: JointGraph, kinds: dict[fx.Node, OpKind]) -> tuple[set[fx.Node], list[fx.Node]]:
     """The roots the backward reads, and those roots with everything they are computed from, in graph order."""
     needed: set[fx.Node] = set()
     for node in graph.backward:
         for arg in node.all_input_nodes:
             if arg not in graph.backward:
-                needed.add(_root(arg, kinds))
+                needed.add(root_of(arg, kinds))
     for node in graph.bwd_outputs:
         if node not in graph.backward:
-            needed.add(_root(node, kinds))
+            needed.add(root_of(node, kinds))
     members: set[fx.Node] = set()
     stack = list(needed)
     while stack:
@@ -336,7 +215,7 @@ def _problem_values(graph: _Graph, kinds: dict[fx.Node, OpKind]) -> tuple[set[fx
         if node in members:
             continue
         members.add(node)
-        stack.extend(_root(a, kinds) for a in node.all_input_nodes)
+        stack.extend(root_of(a, kinds) for a in node.all_input_nodes)
     return needed, sorted(members, key=graph.order.__getitem__)
 
 
@@ -356,8 +235,8 @@ def _price(node: fx.Node, context: _Context) -> _Costs:
         recompute_bytes=compat.rng_state_bytes(value) if kind is OpKind.RANDOM else 0,
         save_time=to_picoseconds(_save_seconds(node, context)),
         recompute_time=to_picoseconds(_recompute_seconds(node, context)),
-        save_reason=_save_constraint(node, context.graph),
-        recompute_reason=_recompute_constraint(node, kind, context.graph, context.kinds),
+        save_reason=save_constraint(node, context.graph),
+        recompute_reason=recompute_constraint(node, kind, context.graph, context.kinds),
     )
 
 
@@ -460,21 +339,3 @@ def _fixed_seconds(context: _Context) -> float:
         if not node_users or any(kinds[u] not in _FUSIBLE_KINDS or u.op == "output" for u in node_users):
             total += 2 * transfer_seconds(profile, estimate.bytes_written) + profile.kernel_overhead
     return total
-
-
-def describe_value(node: fx.Node) -> dict[str, Any]:
-    """Shape, dtype and source line of a joint-graph value, for reports."""
-    value = node.meta.get("val")
-    tensors = tensor_values(value)
-    trace = node.meta.get("stack_trace") or ""
-    lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
-    source = ""
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith("File "):
-            source = lines[i] + (f"  {lines[i + 1]}" if i + 1 < len(lines) else "")
-            break
-    return {
-        "shape": [str(s) for s in tensors[0].shape] if tensors else [],
-        "dtype": str(tensors[0].dtype).replace("torch.", "") if tensors else type(value).__name__,
-        "source": source,
-    }

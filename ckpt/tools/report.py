@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch.fx as fx
 
+from ckpt.cost_model.node_cost import tensor_values
 from ckpt.cost_model.ops import OpKind
-from ckpt.partitioner.analysis import JointAnalysis, describe_value
+from ckpt.partitioner.analysis import JointAnalysis
 from ckpt.partitioner.problem import evaluate
+from ckpt.tools.formatting import clip_rows, format_bytes, format_ps, short_source, table
 
 if TYPE_CHECKING:
     from ckpt.records import PartitionRecord
@@ -100,6 +102,24 @@ class GraphReport:
     saved: tuple[SavedTensor, ...] = ()
     recomputed: tuple[RecomputedValue, ...] = ()
     backward_only: int = 0  # values the backward computes anyway, at no extra cost
+
+
+def describe_value(node: fx.Node) -> dict[str, Any]:
+    """Shape, dtype and source line of a joint-graph value, for reports."""
+    value = node.meta.get("val")
+    tensors = tensor_values(value)
+    trace = node.meta.get("stack_trace") or ""
+    lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
+    source = ""
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("File "):
+            source = lines[i] + (f"  {lines[i + 1]}" if i + 1 < len(lines) else "")
+            break
+    return {
+        "shape": [str(s) for s in tensors[0].shape] if tensors else [],
+        "dtype": str(tensors[0].dtype).replace("torch.", "") if tensors else type(value).__name__,
+        "source": source,
+    }
 
 
 def plan_totals(analysis: JointAnalysis, saved: frozenset[int] | tuple[int, ...]) -> PlanTotals:
@@ -232,54 +252,7 @@ def graph_report(record: PartitionRecord) -> GraphReport:
     )
 
 
-# --- formatting -----------------------------------------------------------------------
-
-
-def format_bytes(nbytes: float) -> str:
-    if abs(nbytes) < 1024:
-        return f"{nbytes:.0f} B"
-    if abs(nbytes) < 1024**2:
-        return f"{nbytes / 1024:.2f} KiB"
-    return f"{nbytes / 1024**2:.2f} MiB"
-
-
-def format_ps(ps: float) -> str:
-    if abs(ps) < 1e6:
-        return f"{ps / 1e3:.1f} ns"
-    if abs(ps) < 1e9:
-        return f"{ps / 1e6:.2f} us"
-    return f"{ps / 1e9:.3f} ms"
-
-
-_SOURCE_RE = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in \S+\s*(?P<code>.*)')
-
-
-def short_source(source: str, width: int = 60) -> str:
-    """``file.py:12 code`` from ``describe_value``'s source."""
-    match = _SOURCE_RE.match(source)
-    if not match:
-        return source
-    text = f"{match['path'].rsplit('/', 1)[-1]}:{match['line']} {match['code'].strip()}"
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> str:  # type: ignore[assignment]
-    """An aligned Markdown table: readable as plain text and as Markdown."""
-    cells = [[c.replace("|", "\\|") for c in row] for row in [headers, *rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-
-    def line(row: list[str]) -> str:
-        padded = (c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
-        return "| " + " | ".join(padded) + " |"
-
-    rule = "|" + "|".join(("-" * (w + 1) + ":") if i in right else "-" * (w + 2) for i, w in enumerate(widths)) + "|"
-    return "\n".join([line(cells[0]), rule, *(line(r) for r in cells[1:])])
-
-
-def _clip(rows: list[list[str]], max_rows: int | None, ncols: int) -> list[list[str]]:
-    if max_rows is None or len(rows) <= max_rows:
-        return rows
-    return rows[:max_rows] + [[f"... {len(rows) - max_rows} more"] + [""] * (ncols - 1)]
+# --- Markdown -------------------------------------------------------------------------
 
 
 _PLAN_LABELS = {"ckpt": "ckpt plan", "no_recompute": "no-recompute plan", "torch_default": "torch default partition"}
@@ -327,7 +300,7 @@ def _graph_markdown(g: GraphReport, max_rows: int | None) -> list[str]:
         for t in activations
     ]
     if rows:
-        out += [table(["node", "op", "shape", "dtype", "bytes", "source"], _clip(rows, max_rows, 6), {4}), ""]
+        out += [table(["node", "op", "shape", "dtype", "bytes", "source"], clip_rows(rows, max_rows, 6), {4}), ""]
     cost = sum(r.cost_ps for r in g.recomputed)
     out += [
         f"Recomputed values: {len(g.recomputed)}, {format_ps(cost)} predicted, costliest first "
@@ -339,7 +312,7 @@ def _graph_markdown(g: GraphReport, max_rows: int | None) -> list[str]:
         for r in sorted(g.recomputed, key=lambda r: -r.cost_ps)
     ]
     if rows:
-        out += [table(["node", "op", "shape", "cost", "source"], _clip(rows, max_rows, 5), {3}), ""]
+        out += [table(["node", "op", "shape", "cost", "source"], clip_rows(rows, max_rows, 5), {3}), ""]
     return out
 
 

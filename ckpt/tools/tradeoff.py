@@ -103,7 +103,7 @@ class ParetoResult:
         }
 
     def __str__(self) -> str:
-        from ckpt.tools.report import format_bytes, table
+        from ckpt.tools.formatting import format_bytes, table
 
         rows = [
             [
@@ -266,7 +266,7 @@ class TimeValidation:
         return {"baseline": self.baseline.to_dict(), "checks": rows, "statistic": self.statistic}
 
     def __str__(self) -> str:
-        from ckpt.tools.report import format_bytes, table
+        from ckpt.tools.formatting import format_bytes, table
 
         b = self.baseline
         rows = [

@@ -1,0 +1,140 @@
+"""The joint graph, classified: which side each node runs on, what the forward mutates, and the hard constraints.
+
+Views are free to recompute, so a read of a view is a read of the tensor it
+aliases: its *root* (:func:`root_of`).
+
+**Hard constraints.**  A value cannot be recomputed if its op draws from the
+global RNG (``Tag.nondeterministic_seeded``), is a collective (unless tagged
+``MUST_RECOMPUTE``), mutates, has other side effects, reads a graph input that
+the forward mutates (the backward would read the new value), or carries a
+user ``MUST_SAVE``/``PREFER_SAVE`` tag.  It cannot be saved if it is not a
+tensor (a tuple), is a ``SymFloat``, is a graph input the forward mutates, or
+carries a ``MUST_RECOMPUTE``/``PREFER_RECOMPUTE`` tag (``torch.utils.checkpoint``
+regions and selective-checkpoint policies).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from ckpt import _torch_compat as compat
+from ckpt.cost_model.ops import OpKind
+
+__all__ = ["JointGraph", "classify_joint", "recompute_constraint", "root_of", "save_constraint"]
+
+
+@dataclass
+class JointGraph:
+    """The joint graph, classified."""
+
+    fwd_outputs: list[fx.Node]
+    bwd_outputs: list[fx.Node]
+    backward: set[fx.Node]  # downstream of the tangents, or tagged to run in the backward
+    forward_required: set[fx.Node]  # needed to produce the forward outputs and forward mutations
+    mutated_inputs: set[fx.Node]
+    order: dict[fx.Node, int]  # topological index of every node
+
+
+def root_of(node: fx.Node, kinds: dict[fx.Node, OpKind]) -> fx.Node:
+    """The non-view node whose storage ``node`` aliases."""
+    while True:
+        kind = kinds.get(node)
+        if kind is OpKind.VIEW and node.all_input_nodes:
+            node = node.all_input_nodes[0]
+            continue
+        if kind is OpKind.GETITEM and kinds.get(node.args[0]) is OpKind.VIEW:  # type: ignore[arg-type]
+            node = node.args[0]  # type: ignore[assignment]
+            continue
+        return node
+
+
+def _mutated_args(node: fx.Node) -> list[fx.Node]:
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return []
+    mutated = []
+    for index, argument in enumerate(target._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = node.args[index] if index < len(node.args) else node.kwargs.get(argument.name)
+        if isinstance(value, fx.Node):
+            mutated.append(value)
+    return mutated
+
+
+def classify_joint(joint: fx.GraphModule, num_fwd_outputs: int, kinds: dict[fx.Node, OpKind]) -> JointGraph:
+    nodes = list(joint.graph.nodes)
+    fwd_outputs, bwd_outputs = compat.fwd_bwd_outputs(joint, num_fwd_outputs)
+    backward: set[fx.Node] = set()
+    for node in nodes:
+        if node.op == "placeholder":
+            if compat.is_tangent(node) or compat.is_bwd_seed_offset(node):
+                backward.add(node)
+        elif node.op != "output" and (
+            compat.must_be_in_backward(node) or any(a in backward for a in node.all_input_nodes)
+        ):
+            backward.add(node)
+    forward_required: set[fx.Node] = set()
+    stack = [n for n in fwd_outputs if isinstance(n, fx.Node)]
+    stack += [n for n in nodes if n.op == "call_function" and compat.must_be_in_forward(n) and n not in backward]
+    while stack:
+        node = stack.pop()
+        if node in forward_required or node in backward:
+            continue
+        forward_required.add(node)
+        stack.extend(node.all_input_nodes)
+    mutated_inputs: set[fx.Node] = set()
+    for node in nodes:
+        if node.op == "call_function" and node not in backward and kinds[node] is OpKind.MUTATION:
+            for arg in _mutated_args(node):
+                root = root_of(arg, kinds)
+                if root.op == "placeholder":
+                    mutated_inputs.add(root)
+    return JointGraph(
+        fwd_outputs=[n for n in fwd_outputs if isinstance(n, fx.Node)],
+        bwd_outputs=[n for n in bwd_outputs if isinstance(n, fx.Node)],
+        backward=backward,
+        forward_required=forward_required,
+        mutated_inputs=mutated_inputs,
+        order={node: i for i, node in enumerate(nodes)},
+    )
+
+
+def save_constraint(node: fx.Node, graph: JointGraph) -> str | None:
+    value = node.meta.get("val")
+    if node in graph.mutated_inputs:
+        return "graph input mutated in the forward"
+    if compat.recompute_tag(node) == "recompute":
+        return "tagged MUST_RECOMPUTE/PREFER_RECOMPUTE (checkpoint region or policy)"
+    if isinstance(value, torch.SymFloat):
+        return "SymFloat"
+    if isinstance(value, (tuple, list)):
+        return "not a tensor (multiple outputs)"
+    if value is None and node.op == "call_function" and "tensor_meta" not in node.meta:
+        return "no value metadata"
+    return None
+
+
+def recompute_constraint(node: fx.Node, kind: OpKind, graph: JointGraph, kinds: dict[fx.Node, OpKind]) -> str | None:
+    if node.op == "placeholder":
+        return "graph input"
+    if node.op != "call_function":
+        return f"{node.op} node"
+    tag = compat.recompute_tag(node)
+    if kind is OpKind.COLLECTIVE:  # before the tag: torch tags every untagged collective MUST_SAVE
+        return None if tag == "recompute" else "collective"
+    if tag == "save":
+        return "tagged MUST_SAVE/PREFER_SAVE"
+    if kind is OpKind.RANDOM:
+        return None if tag == "recompute" else "random op (draws from the global RNG)"
+    if kind is OpKind.MUTATION:
+        return "mutates an argument"
+    if compat.has_side_effects(node):
+        return "has side effects"
+    for arg in node.all_input_nodes:
+        if root_of(arg, kinds) in graph.mutated_inputs:
+            return "reads a graph input that the forward mutates"
+    return None
