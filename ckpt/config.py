@@ -6,24 +6,31 @@ the environment themselves.
 
 Precedence: an ``options`` key given to ``torch.compile(..., options=...)``
 overrides the matching ``CKPT_*`` environment variable, which overrides the
-default.
+default.  A variable that is set but empty counts as unset, and an unknown
+``CKPT_*`` variable (a typo) is warned about once, with the closest known name.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
+import threading
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "KNOWN_VARIABLES",
     "Budget",
     "CkptConfig",
+    "ConfigWarning",
     "ENV_VARS",
     "OPTION_KEYS",
+    "cache_dir",
     "parse_budget",
     "parse_bool",
 ]
@@ -37,6 +44,43 @@ ENV_VARS: dict[str, str] = {
     "solver_effort": "CKPT_SOLVER_EFFORT",
 }
 OPTION_KEYS: tuple[str, ...] = tuple(ENV_VARS)
+# Every CKPT_* variable anything in the project reads: the options', the cache
+# directory, and the test suite's own sizes (slow runs).
+KNOWN_VARIABLES: frozenset[str] = frozenset(
+    {*ENV_VARS.values(), "CKPT_CACHE_DIR", "CKPT_PROPERTY_EXAMPLES", "CKPT_RANDOM_PROGRAMS"}
+)
+
+
+class ConfigWarning(UserWarning):
+    """A ``CKPT_*`` environment variable that ckpt does not know (probably a typo)."""
+
+
+_warned_variables: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _env_value(environ: Mapping[str, str], name: str) -> str | None:
+    """The variable's value, or None if it is unset or empty (as most tools treat an empty variable)."""
+    value = environ.get(name)
+    return value if value is not None and value.strip() else None
+
+
+def warn_unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """Warn once per process about each ``CKPT_*`` variable in ``environ`` that ckpt does not read.
+
+    Returns the names warned about by this call.
+    """
+    unknown = sorted(name for name in environ if name.startswith("CKPT_") and name not in KNOWN_VARIABLES)
+    with _warned_lock:
+        fresh = [name for name in unknown if name not in _warned_variables]
+        _warned_variables.update(fresh)
+    for name in fresh:
+        close = difflib.get_close_matches(name, sorted(KNOWN_VARIABLES), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else f"; known variables: {', '.join(sorted(KNOWN_VARIABLES))}"
+        message = f"ckpt: environment variable {name} is not a ckpt setting and is ignored{hint}"
+        warnings.warn(message, ConfigWarning, stacklevel=3)
+    return fresh
+
 
 _BUDGET_FORMS = (
     "'none' (no cap), a fraction in [0, 1] such as 0.3, "
@@ -200,6 +244,7 @@ class CkptConfig:
     ) -> CkptConfig:
         """Read ``CKPT_*`` variables from ``environ`` and override them with ``options``."""
         environ = os.environ if environ is None else environ
+        warn_unknown_variables(environ)
         options = dict(options or {})
         unknown = sorted(set(options) - set(OPTION_KEYS))
         if unknown:
@@ -211,7 +256,7 @@ class CkptConfig:
             if key in options:
                 return options[key], f"options[{key!r}]"
             env = ENV_VARS[key]
-            return environ.get(env), env
+            return _env_value(environ, env), env
 
         value, source = pick("memory_budget")
         budget = parse_budget(value, source)
@@ -229,7 +274,8 @@ class CkptConfig:
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """Where ckpt caches its measurements: ``CKPT_CACHE_DIR``, else ``$XDG_CACHE_HOME/ckpt`` or ``~/.cache/ckpt``."""
     environ = os.environ if environ is None else environ
-    if environ.get("CKPT_CACHE_DIR"):
-        return Path(environ["CKPT_CACHE_DIR"])
+    configured = _env_value(environ, "CKPT_CACHE_DIR")
+    if configured is not None:
+        return Path(configured)
     base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "ckpt"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt.config import Budget, CkptConfig, parse_budget
+from ckpt.config import ENV_VARS, Budget, CkptConfig, parse_budget
 
 GiB = 1024**3
 
@@ -72,3 +72,40 @@ def test_bad_option_value_names_the_option():
         CkptConfig.from_sources({}, {"CKPT_DEVICE": "tpu"})
     with pytest.raises(ValueError, match="CKPT_STRICT"):
         CkptConfig.from_sources({}, {"CKPT_STRICT": "maybe"})
+
+
+@pytest.mark.parametrize("name", sorted(ENV_VARS.values()))
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_variable_counts_as_unset(name, empty):
+    assert CkptConfig.from_sources(environ={name: empty}) == CkptConfig()
+
+
+def test_an_empty_cache_dir_falls_back_to_the_default(tmp_path):
+    from ckpt.config import cache_dir
+
+    assert cache_dir({"CKPT_CACHE_DIR": "", "XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "ckpt"
+
+
+def test_an_unknown_variable_is_warned_about_once_with_the_closest_name():
+    import ckpt.config as config
+
+    environ = {"CKPT_MEMORY_BUDGT": "0.3", "CKPT_MEMORY_BUDGET": "0.5"}
+    config._warned_variables.discard("CKPT_MEMORY_BUDGT")
+    with pytest.warns(config.ConfigWarning, match="CKPT_MEMORY_BUDGT .*did you mean CKPT_MEMORY_BUDGET"):
+        parsed = CkptConfig.from_sources(environ=environ)
+    assert parsed.budget == Budget(fraction=0.5)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        CkptConfig.from_sources(environ=environ)  # once per process: no second warning
+
+
+def test_known_variables_raise_no_warning():
+    import warnings
+
+    import ckpt.config as config
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        CkptConfig.from_sources(environ={name: "" for name in config.KNOWN_VARIABLES})
