@@ -456,3 +456,37 @@ def compilation_seconds(keys: Iterable[str]) -> float:
     from torch._dynamo.utils import compilation_time_metrics
 
     return float(sum(sum(compilation_time_metrics.get(key, [])) for key in keys))
+
+
+def inputs_mutated_after_forward(joint_module: fx.GraphModule) -> list[tuple[fx.Node, Any]] | None:
+    """The joint graph's inputs that AOTAutograd's runtime wrapper mutates after the forward.
+
+    Each is paired with the joint-graph value holding its new contents (the
+    forward output AOTAutograd copies back into it).  Read from the output
+    descriptors (``InputMutationAOTOutput``) that AOTAutograd stores in the
+    output node's ``meta["desc"]`` (torch 2.9 and newer).  None when the
+    graph carries no descriptors, so the caller cannot know.
+    """
+    try:
+        from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput
+    except ImportError:
+        return None
+    output = next(iter(reversed(joint_module.graph.nodes)), None)
+    if output is None or output.op != "output":
+        return None
+    descs = output.meta.get("desc")
+    values = output.args[0] if output.args else None
+    if not isinstance(descs, (list, tuple)) or not isinstance(values, (list, tuple)) or len(descs) != len(values):
+        return None
+    placeholders = [n for n in joint_module.graph.nodes if n.op == "placeholder" and "desc" in n.meta]
+    mutated: list[tuple[fx.Node, Any]] = []
+    for desc, value in zip(descs, values):
+        if not isinstance(desc, InputMutationAOTOutput):
+            continue
+        matches = [n for n in placeholders if n.meta["desc"] == desc.mutated_input]
+        if len(matches) != 1:
+            log.info("ckpt: no single graph input matches the mutation descriptor %s; not constraining it", desc)
+            continue
+        mutated.append((matches[0], value))
+    return mutated
+

@@ -3,6 +3,18 @@
 Views are free to recompute, so a read of a view is a read of the tensor it
 aliases: its *root* (:func:`root_of`).
 
+**Mutated inputs.**  A graph input is mutated in two ways, and both make its
+old contents unavailable to the backward.  Inside the graph: a mutating op in
+the forward writes it (Inductor keeps input mutations in the graph).  After
+the forward: with ``keep_inference_input_mutations=False`` (AOTAutograd's
+default, and always for an input that requires grad) the graph returns the
+input's new value and AOTAutograd's runtime wrapper copies it back after the
+forward ran, before any backward.  AOTAutograd marks those outputs with an
+``InputMutationAOTOutput`` descriptor, which names the input
+(:func:`ckpt._torch_compat.inputs_mutated_after_forward`).  A metadata-only
+mutation (``t_()``, ``resize_`` to the same storage) returns a view of the
+input itself and leaves its data alone, so it does not count.
+
 **Hard constraints.**  A value cannot be recomputed if its op draws from the
 global RNG (``Tag.nondeterministic_seeded``), is a collective (unless tagged
 ``MUST_RECOMPUTE``), mutates, has other side effects, reads a graph input that
@@ -15,7 +27,8 @@ regions and selective-checkpoint policies).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
@@ -23,7 +36,16 @@ import torch.fx as fx
 from ckpt import _torch_compat as compat
 from ckpt.cost_model.ops import OpKind
 
-__all__ = ["JointGraph", "classify_joint", "recompute_constraint", "root_of", "save_constraint"]
+__all__ = [
+    "JointGraph",
+    "classify_joint",
+    "find_inputs_mutated_after_forward",
+    "recompute_constraint",
+    "root_of",
+    "save_constraint",
+]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -34,8 +56,9 @@ class JointGraph:
     bwd_outputs: list[fx.Node]
     backward: set[fx.Node]  # downstream of the tangents, or tagged to run in the backward
     forward_required: set[fx.Node]  # needed to produce the forward outputs and forward mutations
-    mutated_inputs: set[fx.Node]
+    mutated_inputs: set[fx.Node]  # by the forward, or after it (a subset: mutated_after_forward)
     order: dict[fx.Node, int]  # topological index of every node
+    mutated_after_forward: set[fx.Node] = field(default_factory=set)  # by AOTAutograd's runtime wrapper
 
 
 def root_of(node: fx.Node, kinds: dict[fx.Node, OpKind]) -> fx.Node:
@@ -93,6 +116,8 @@ def classify_joint(joint: fx.GraphModule, num_fwd_outputs: int, kinds: dict[fx.N
                 root = root_of(arg, kinds)
                 if root.op == "placeholder":
                     mutated_inputs.add(root)
+    after_forward = find_inputs_mutated_after_forward(joint, kinds)
+    mutated_inputs |= after_forward
     return JointGraph(
         fwd_outputs=[n for n in fwd_outputs if isinstance(n, fx.Node)],
         bwd_outputs=[n for n in bwd_outputs if isinstance(n, fx.Node)],
@@ -100,11 +125,28 @@ def classify_joint(joint: fx.GraphModule, num_fwd_outputs: int, kinds: dict[fx.N
         forward_required=forward_required,
         mutated_inputs=mutated_inputs,
         order={node: i for i, node in enumerate(nodes)},
+        mutated_after_forward=after_forward,
     )
+
+
+def find_inputs_mutated_after_forward(joint: fx.GraphModule, kinds: dict[fx.Node, OpKind]) -> set[fx.Node]:
+    """The graph inputs whose data AOTAutograd's runtime wrapper overwrites after the forward."""
+    pairs = compat.inputs_mutated_after_forward(joint)
+    if pairs is None:
+        log.debug("ckpt: the joint graph has no output descriptors; inputs mutated after the forward are unknown")
+        return set()
+    mutated: set[fx.Node] = set()
+    for placeholder, new_value in pairs:
+        if isinstance(new_value, fx.Node) and root_of(new_value, kinds) is placeholder:
+            continue  # a metadata-only mutation: the input's data is unchanged
+        mutated.add(placeholder)
+    return mutated
 
 
 def save_constraint(node: fx.Node, graph: JointGraph) -> str | None:
     value = node.meta.get("val")
+    if node in graph.mutated_after_forward:
+        return "graph input mutated after the forward (AOTAutograd copies its new value back)"
     if node in graph.mutated_inputs:
         return "graph input mutated in the forward"
     if compat.recompute_tag(node) == "recompute":
@@ -135,6 +177,9 @@ def recompute_constraint(node: fx.Node, kind: OpKind, graph: JointGraph, kinds: 
     if compat.has_side_effects(node):
         return "has side effects"
     for arg in node.all_input_nodes:
-        if root_of(arg, kinds) in graph.mutated_inputs:
+        root = root_of(arg, kinds)
+        if root in graph.mutated_after_forward:
+            return "reads a graph input that is mutated after the forward"
+        if root in graph.mutated_inputs:
             return "reads a graph input that the forward mutates"
     return None
