@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+from ckpt import _torch_compat as compat
+from ckpt.records import record_partitions
 from tests.robustness.helpers import BUDGETS, assert_runs_close, assert_within_budget, ckpt_compile, run_steps
 
 pytestmark = pytest.mark.compile
@@ -186,3 +188,34 @@ def test_two_forwards_before_one_backward(inner_class):
         for (name, got_buffer), (_, want_buffer) in zip(trained.named_buffers(), eager_model.named_buffers()):
             torch.testing.assert_close(got_buffer, want_buffer, msg=lambda m: f"budget {budget}, {name}: {m}")
         assert_within_budget(got[0], graphs=1, calls=2)
+
+
+def _update_non_leaf(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    b = (a + w).sin()
+    a.mul_(2)
+    return (b * a).sum()
+
+
+def test_non_leaf_input_that_requires_grad_mutated_in_place():
+    """Inductor leaves this mutation to AOTAutograd's runtime wrapper (after the forward): the input is never saved.
+
+    torch's own partitioner saves it, and autograd raises "modified by an inplace operation".
+    """
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(4, DIM, generator=generator)
+    w = torch.randn(DIM, generator=generator)
+
+    def grads(fn):
+        leaves = [x.clone().requires_grad_(True), w.clone().requires_grad_(True)]
+        a = leaves[0] * 1
+        fn(a, leaves[1]).backward()
+        return [leaf.grad for leaf in leaves] + [a.detach()]
+
+    want = grads(_update_non_leaf)
+    for budget in BUDGETS:
+        torch.compiler.reset()
+        with compat.compile_caches_disabled(), record_partitions() as records:
+            got = grads(ckpt_compile(_update_non_leaf, budget))
+        for got_value, want_value in zip(got, want):
+            torch.testing.assert_close(got_value, want_value, msg=lambda m: f"budget {budget}: {m}")
+        assert [r.fallback_reason for r in records] == [None]
