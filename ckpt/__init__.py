@@ -2,6 +2,7 @@
 
 Use it with ``torch.compile(model, backend="ckpt")``; no import is needed once
 the package is installed.  See the README for the environment variables.
+Code that drives AOTAutograd itself passes ``partition_fn=ckpt.partition_fn(...)``.
 
 Layout, with imports pointing down only: ``cost_model`` prices values,
 ``partitioner`` plans and extracts, ``backend`` plugs both into Inductor and
@@ -20,13 +21,13 @@ if TYPE_CHECKING:
     from ckpt.records import PartitionRecord
 
 
-__all__ = ["__version__", "explain", "pareto"]
+__all__ = ["__version__", "explain", "pareto", "partition_fn"]
 
-_LAZY = {"explain": "ckpt.tools.explainer", "pareto": "ckpt.tools.tradeoff"}
+_LAZY = {"explain": "ckpt.tools.explainer", "pareto": "ckpt.tools.tradeoff", "partition_fn": "ckpt.aot_partition"}
 
 
 def __getattr__(name: str) -> Any:
-    """``ckpt.explain`` and ``ckpt.pareto`` load on first use, so ``import ckpt`` stays light."""
+    """``ckpt.explain``, ``ckpt.pareto`` and ``ckpt.partition_fn`` load on first use, so ``import ckpt`` stays light."""
     if name in _LAZY:
         import importlib
 

@@ -490,3 +490,12 @@ def inputs_mutated_after_forward(joint_module: fx.GraphModule) -> list[tuple[fx.
         mutated.append((matches[0], value))
     return mutated
 
+
+def aot_default_partition(
+    joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """AOTAutograd's default ``partition_fn``: the forward saves what eager autograd would."""
+    static = kwargs.get("static_lifetime_input_indices")
+    return _partitioners().default_partition(
+        joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, static_lifetime_input_indices=static
+    )

@@ -127,13 +127,24 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
                     name, None, None, self.config.budget, None, self.profile, 0.0, reason, explain=self.config.explain
                 )
             )
-            return compat.torch_default_partition(
-                gm,
-                joint_inputs,
-                compiler=kwargs.get("compiler", "inductor"),
-                num_fwd_outputs=num_fwd_outputs,
-                static_lifetime_input_indices=static_indices,
-            )
+            return self._fallback_partition(gm, joint_inputs, num_fwd_outputs, static_indices, kwargs)
+
+    def _fallback_partition(
+        self,
+        gm: fx.GraphModule,
+        joint_inputs: Sequence[object],
+        num_fwd_outputs: int,
+        static_indices: Sequence[int] | None,
+        kwargs: dict[str, Any],
+    ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        """torch's partition for a graph ckpt could not plan: Inductor's own min cut."""
+        return compat.torch_default_partition(
+            gm,
+            joint_inputs,
+            compiler=kwargs.get("compiler", "inductor"),
+            num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_indices=static_indices,
+        )
 
     def _partition(
         self, name: str, gm: fx.GraphModule, num_fwd_outputs: int, static_indices: Sequence[int] | None

@@ -24,6 +24,7 @@ LAYERS = {
     "ckpt.records": 3,
     "ckpt.measure": 3,
     "ckpt.backend": 4,
+    "ckpt.aot_partition": 4,  # the backend's partitioner, for AOTAutograd's own callers
     "ckpt.tools": 5,
     "ckpt.__main__": 6,
     "ckpt": 6,  # the package's __init__
