@@ -15,7 +15,9 @@ budgets none, 0.5 and 0.0, against eager.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -235,3 +237,12 @@ def test_non_leaf_input_that_requires_grad_mutated_in_place(budget):
 )
 def test_torchs_min_cut_on_a_non_leaf_input_mutated_in_place():
     _non_leaf_mutation_grads(min_cut_rematerialization_partition)
+
+
+def test_the_readme_example_runs_and_plans_its_graph():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+    (example,) = [block for block in blocks if "ckpt.partition_fn(" in block]
+    with record_partitions() as records:
+        exec(compile(example, "README.md", "exec"), {})
+    assert [r.fallback_reason for r in records] == [None]
