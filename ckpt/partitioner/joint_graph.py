@@ -7,20 +7,21 @@ aliases: its *root* (:func:`root_of`).
 old contents unavailable to the backward.  Inside the graph: a mutating op in
 the forward writes it (Inductor keeps input mutations in the graph).  After
 the forward: with ``keep_inference_input_mutations=False`` (AOTAutograd's
-default, and always for an input that requires grad) the graph returns the
-input's new value and AOTAutograd's runtime wrapper copies it back after the
-forward ran, before any backward.  AOTAutograd marks those outputs with an
-``InputMutationAOTOutput`` descriptor, which names the input
+default), and with mutations kept in the graph still for an input that
+requires grad or whose metadata changes, the graph returns the input's new value and AOTAutograd's runtime
+wrapper copies it back after the forward ran, before any backward.
+AOTAutograd marks those outputs with an ``InputMutationAOTOutput``
+descriptor, which names the input
 (:func:`ckpt._torch_compat.inputs_mutated_after_forward`).  A metadata-only
-mutation (``t_()``, ``resize_`` to the same storage) returns a view of the
-input itself and leaves its data alone, so it does not count.
+mutation (``t_()``, ``unsqueeze_()``) returns a view of the input itself and
+leaves its data alone, so it does not count.
 
 **Hard constraints.**  A value cannot be recomputed if its op draws from the
 global RNG (``Tag.nondeterministic_seeded``), is a collective (unless tagged
 ``MUST_RECOMPUTE``), mutates, has other side effects, reads a graph input that
-the forward mutates (the backward would read the new value), or carries a
+is mutated in or after the forward (the backward would read the new value), or carries a
 user ``MUST_SAVE``/``PREFER_SAVE`` tag.  It cannot be saved if it is not a
-tensor (a tuple), is a ``SymFloat``, is a graph input the forward mutates, or
+tensor (a tuple), is a ``SymFloat``, is a graph input mutated in or after the forward, or
 carries a ``MUST_RECOMPUTE``/``PREFER_RECOMPUTE`` tag (``torch.utils.checkpoint``
 regions and selective-checkpoint policies).
 """
