@@ -45,6 +45,8 @@ from ckpt.config import Budget, CkptConfig
 from ckpt.cost_model.profiles import GPU_PROFILES, DeviceProfile, gpu_profile_for_name
 from ckpt.partitioner.analysis import JointAnalysis, analyze_joint, to_picoseconds
 from ckpt.partitioner.extract import extract_modules, verify_backward
+from ckpt.partitioner.peak import PeakGraph, PeakPrediction
+from ckpt.partitioner.peak_analysis import build_peak_graph, predict_plan
 from ckpt.partitioner.plan import Plan, make_plan
 from ckpt.partitioner.problem import ProblemError
 from ckpt.partitioner.solver import solve
@@ -86,6 +88,8 @@ class PartitionRecord:
     solve_seconds: float
     fallback_reason: str | None = None
     torch_plan: Plan | None = None  # torch's default partition in our terms (only when explaining)
+    peak_graph: PeakGraph | None = None  # the graph's liveness data, for predicting any plan's peak
+    peak: PeakPrediction | None = None  # the plan's predicted peak
 
     @property
     def fingerprint(self) -> str | None:
@@ -183,6 +187,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         gm, _, has_recompute_rng = compat.prepare_joint(gm)
         analysis = analyze_joint(gm, num_fwd_outputs, self.profile, self._activation_inputs(gm))
+        peak_graph = build_peak_graph(gm, analysis, num_fwd_outputs)
         budget_bytes = self.config.budget.resolve(analysis.no_recompute_bytes)
         started = time.perf_counter()
         plan = self._solve(analysis, budget_bytes)
@@ -210,7 +215,16 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         bw_module = drop_dead_random_ops(bw_module)
         verify_backward(bw_module, analysis, plan)
         record = PartitionRecord(
-            name, analysis, plan, self.config.budget, budget_bytes, self.profile, solve_seconds, torch_plan=torch_plan
+            name,
+            analysis,
+            plan,
+            self.config.budget,
+            budget_bytes,
+            self.profile,
+            solve_seconds,
+            torch_plan=torch_plan,
+            peak_graph=peak_graph,
+            peak=predict_plan(peak_graph, plan),
         )
         log.debug("ckpt graph %r plan fingerprint %s", name, record.fingerprint)
         if self.config.explain is not None:

@@ -1,0 +1,234 @@
+"""Predict a plan's peak memory by simulating liveness over plain data.
+
+A training step's peak is the most bytes alive at any moment of its forward
+or its backward, above what was resident before it.  Given a graph of values
+(:class:`PeakGraph`) and a plan's saved and recomputed sets,
+:func:`simulate_peak` replays the two graphs that extraction builds and
+counts the buffers Inductor materialises:
+
+**Forward.**  The forward computes what its outputs need and what the plan
+saves, in graph order.  A value is freed after its last forward use, unless
+it is saved (it lives until the backward's last use) or a forward output.
+
+**Backward.**  The backward runs its own values in graph order, and inserts
+each recomputed value just before its first use, its recomputed inputs first
+(depth first), as torch's ``reordering_to_mimic_autograd_engine`` does.  The
+tangents are alive from its start.  Every value is freed after its last use,
+except the gradients it produces, which are outputs and stay to the end.
+
+**What materialises.**  A ``BUFFER`` value (a library call, a reduction, a
+graph input that counts) always allocates its bytes.  A ``FUSIBLE`` value
+(pointwise) allocates only if a library call in the same phase reads it, or
+it is saved, or it is an output; otherwise Inductor fuses it into its
+consumers, and a read of it is a read of the buffers it is computed from.
+``FREE`` values (parameters, the user's inputs, symbolic sizes) live anyway
+and count nothing.
+
+At each value the running total is taken after its output is allocated and
+before its dead inputs are freed, since a kernel holds both.  The answer
+names the phase and value where the peak happens and the largest buffers
+alive there.  Pure data in, data out: no ``torch.fx`` here (the graph is read
+by :mod:`ckpt.partitioner.peak_analysis`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["Materialise", "PeakGraph", "PeakPrediction", "simulate_peak"]
+
+
+class Materialise(enum.Enum):
+    BUFFER = "buffer"  # always allocates its bytes
+    FUSIBLE = "fusible"  # allocates only when a library call reads it, or it is kept
+    FREE = "free"  # lives anyway (parameters, inputs) or has no storage
+
+
+@dataclass(frozen=True)
+class PeakGraph:
+    """Values in topological order, views folded into the values they alias.
+
+    ``backward[i]``: computed by the backward (downstream of the tangents);
+    ``required[i]``: the forward must compute it (for its outputs or side
+    effects), whatever the plan; ``outputs``: forward outputs (alive to the end
+    of the forward); ``gradients``: backward outputs (alive to the end of the
+    backward); ``tangents``: backward inputs, alive from the backward's start.
+    """
+
+    names: tuple[str, ...]
+    bytes: tuple[int, ...]
+    kinds: tuple[Materialise, ...]
+    inputs: tuple[tuple[int, ...], ...]
+    backward: tuple[bool, ...]
+    required: tuple[bool, ...]
+    outputs: frozenset[int]
+    gradients: frozenset[int]
+    tangents: frozenset[int]
+    problem_index: tuple[int, ...] = ()  # the planner's value i is value problem_index[i] here
+
+    def __post_init__(self) -> None:
+        n = len(self.names)
+        for field_name in ("bytes", "kinds", "inputs", "backward", "required"):
+            if len(getattr(self, field_name)) != n:
+                raise ValueError(f"PeakGraph.{field_name} has {len(getattr(self, field_name))} entries, expected {n}")
+        for i, preds in enumerate(self.inputs):
+            if any(not 0 <= p < i for p in preds):
+                raise ValueError(f"PeakGraph.inputs[{i}] ({self.names[i]}) must list earlier values, got {preds}")
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+@dataclass(frozen=True)
+class PeakPrediction:
+    """The predicted peaks, where the higher one happens, and what is alive there."""
+
+    forward_bytes: int
+    backward_bytes: int
+    phase: str  # "forward" or "backward"
+    node: str
+    alive: tuple[tuple[str, int], ...]  # the largest buffers alive at the peak, largest first
+    saved_bytes: int  # materialised bytes of the saved values
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.forward_bytes, self.backward_bytes)
+
+
+@dataclass
+class _Phase:
+    peak: int = 0
+    node: str = ""
+    alive: tuple[tuple[str, int], ...] = ()
+
+
+def _forward_order(graph: PeakGraph, saved: frozenset[int]) -> list[int]:
+    """Forward values the forward graph computes: ancestors of what it must produce or save."""
+    keep = bytearray(len(graph))
+    stack = [i for i in range(len(graph)) if not graph.backward[i] and (graph.required[i] or i in saved)]
+    stack += [i for i in graph.outputs if not graph.backward[i]]
+    while stack:
+        i = stack.pop()
+        if keep[i] or graph.backward[i]:
+            continue
+        keep[i] = 1
+        stack.extend(graph.inputs[i])
+    return [i for i in range(len(graph)) if keep[i]]
+
+
+def _backward_order(graph: PeakGraph, recomputed: frozenset[int]) -> list[int]:
+    """The backward's values, each recomputed value placed just before its first use."""
+    order: list[int] = []
+    placed: set[int] = set()
+
+    def place(i: int) -> None:
+        stack: list[tuple[int, bool]] = [(i, False)]
+        while stack:
+            value, expanded = stack.pop()
+            if value in placed:
+                continue
+            if expanded:
+                placed.add(value)
+                order.append(value)
+                continue
+            stack.append((value, True))
+            stack.extend((p, False) for p in reversed(graph.inputs[value]) if p in recomputed and p not in placed)
+
+    for i in range(len(graph)):
+        if graph.backward[i] and i not in graph.tangents:
+            place(i)
+    return order
+
+
+def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -> set[int]:
+    """The values of ``order`` that allocate in this phase."""
+    members = set(order)
+    result = {i for i in kept if graph.kinds[i] is not Materialise.FREE}
+    for i in order:
+        kind = graph.kinds[i]
+        if kind is Materialise.BUFFER:
+            result.add(i)
+            for p in graph.inputs[i]:
+                if p in members and graph.kinds[p] is Materialise.FUSIBLE:
+                    result.add(p)
+    return result
+
+
+def _buffer_reads(graph: PeakGraph, order: Sequence[int], buffers: set[int], available: set[int]) -> dict[int, set[int]]:
+    """For each value of ``order``: the buffers its kernel reads, looking through fused values."""
+    reads: dict[int, set[int]] = {}
+    for i in order:
+        found: set[int] = set()
+        for p in graph.inputs[i]:
+            if p in buffers or p in available:
+                found.add(p)
+            elif p in reads:
+                found |= reads[p]
+        reads[i] = found
+    return reads
+
+
+def _run(
+    graph: PeakGraph, order: Sequence[int], buffers: set[int], start: Iterable[int], keep: set[int], reads: dict[int, set[int]]
+) -> tuple[_Phase, set[int]]:
+    """Allocate and free along ``order``; the phase's peak and what is alive at its end."""
+    last_use: dict[int, int] = {}
+    for position, i in enumerate(order):
+        for b in reads[i]:
+            last_use[b] = position
+    alive = set(start)
+    total = sum(graph.bytes[b] for b in alive)
+    phase = _Phase(total, graph.names[order[0]] if order else "", ())
+    for b in sorted(alive):
+        if b not in keep and b not in last_use:
+            alive.discard(b)
+            total -= graph.bytes[b]
+    for position, i in enumerate(order):
+        if i in buffers and i not in alive:
+            alive.add(i)
+            total += graph.bytes[i]
+        if total > phase.peak or not phase.alive:
+            largest = sorted(alive, key=lambda b: (-graph.bytes[b], b))[:8]
+            phase = _Phase(total, graph.names[i], tuple((graph.names[b], graph.bytes[b]) for b in largest))
+        for b in sorted(reads[i] | ({i} if i in buffers else set())):
+            if b in alive and b not in keep and last_use.get(b, -1) <= position:
+                alive.discard(b)
+                total -= graph.bytes[b]
+    return phase, alive
+
+
+def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[int]) -> PeakPrediction:
+    """The forward and backward peaks of the plan that saves ``saved`` and recomputes ``recomputed``.
+
+    Indices are values of ``graph``.  Bytes are above what is resident before
+    the forward starts.
+    """
+    saved_set = frozenset(saved)
+    recomputed_set = frozenset(recomputed)
+    forward = _forward_order(graph, saved_set)
+    forward_kept = saved_set | {i for i in graph.outputs if not graph.backward[i]}
+    f_buffers = _materialised(graph, forward, forward_kept)
+    f_reads = _buffer_reads(graph, forward, f_buffers, set())
+    f_phase, _ = _run(graph, forward, f_buffers, (), set(forward_kept), f_reads)
+
+    backward = _backward_order(graph, recomputed_set)
+    start = {i for i in saved_set if graph.kinds[i] is not Materialise.FREE}
+    start |= {i for i in graph.tangents if graph.kinds[i] is not Materialise.FREE}
+    b_buffers = _materialised(graph, backward, graph.gradients)
+    b_reads = _buffer_reads(graph, backward, b_buffers, start)
+    b_phase, _ = _run(graph, backward, b_buffers, start, set(graph.gradients), b_reads)
+
+    if b_phase.peak > f_phase.peak:
+        phase_name, top = "backward", b_phase
+    else:
+        phase_name, top = "forward", f_phase
+    return PeakPrediction(
+        forward_bytes=f_phase.peak,
+        backward_bytes=b_phase.peak,
+        phase=phase_name,
+        node=top.node,
+        alive=top.alive,
+        saved_bytes=sum(graph.bytes[i] for i in saved_set if graph.kinds[i] is not Materialise.FREE),
+    )
