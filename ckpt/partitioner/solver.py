@@ -142,18 +142,17 @@ class _Cutter:
         return _Relaxation("gap", fast=fast, lean=lean, bound=bound)
 
 
-def _leanest_within(cutter: _Cutter, max_time: int) -> _Point:
+def _leanest_within(cutter: _Cutter, max_time: int, force: frozenset[int], forbid: frozenset[int]) -> _Point:
     """The hull plan with the fewest bytes among those taking at most ``max_time``."""
-    empty: frozenset[int] = frozenset()
-    fast = cutter.cut(1, 0, empty, empty)
-    lean = cutter.cut(1, cutter.big, empty, empty)
+    fast = cutter.cut(1, 0, force, forbid)
+    lean = cutter.cut(1, cutter.big, force, forbid)
     assert fast is not None and lean is not None
     if lean.time <= max_time:
         return lean
     while True:  # fast.time <= max_time < lean.time, both on the hull
         alpha = fast.bytes - lean.bytes
         beta = lean.key - fast.key
-        candidate = cutter.cut(alpha, beta, empty, empty)
+        candidate = cutter.cut(alpha, beta, force, forbid)
         assert candidate is not None
         if alpha * candidate.key + beta * candidate.bytes >= alpha * fast.key + beta * fast.bytes:
             return fast
@@ -181,7 +180,14 @@ def _branch_value(problem: Problem, fast: _Point, lean: _Point) -> int:
 
 
 def solve(
-    problem: Problem, budget_bytes: int | None, *, effort: float = 1.0, tolerance_ps: int = 0, slack_ps: int = 0
+    problem: Problem,
+    budget_bytes: int | None,
+    *,
+    effort: float = 1.0,
+    tolerance_ps: int = 0,
+    slack_ps: int = 0,
+    force_saved: frozenset[int] = frozenset(),
+    forbid_saved: frozenset[int] = frozenset(),
 ) -> Plan:
     """The least-time plan with saved bytes <= ``budget_bytes`` (None: no cap).
 
@@ -202,17 +208,20 @@ def solve(
     cost model's accuracy).  The same rule with and without a cap keeps the
     saved bytes monotone in the budget (when the search finishes): a cap
     above the no-cap plan's bytes never gives a plan that saves more.
+
+    ``force_saved`` values are saved and ``forbid_saved`` values are not, in
+    every plan considered (the peak search pins values this way).
     """
     if effort < 0:
         raise ValueError(f"solve: effort={effort!r} must be >= 0")
     cutter = _Cutter(problem)
-    empty: frozenset[int] = frozenset()
-    root = cutter.relax(budget_bytes, empty, empty)
+    pinned = frozenset(force_saved), frozenset(forbid_saved)
+    root = cutter.relax(budget_bytes, *pinned)
     assert root is not None  # no deadline at the root
     if root.status == "optimal":
         assert root.fast is not None
         if slack_ps > 0:
-            lean = _leanest_within(cutter, root.fast.time + slack_ps)
+            lean = _leanest_within(cutter, root.fast.time + slack_ps, *pinned)
             if lean.bytes < root.fast.bytes:
                 return _to_plan(
                     lean, "min-cut", cutter, optimal=False, lower_bound=root.fast.time, budget_bytes=budget_bytes
@@ -236,7 +245,7 @@ def solve(
         incumbent = mixed
     counter = itertools.count()
     heap: list[tuple[int, int, frozenset[int], frozenset[int], _Relaxation]] = [
-        (root.bound, next(counter), empty, empty, root)
+        (root.bound, next(counter), *pinned, root)
     ]
     nodes = 0
     out_of_work = False
@@ -286,7 +295,7 @@ def solve(
             100.0 * (incumbent.key - lower_key) / max(incumbent.key, 1),
         )
     if slack_ps > 0:
-        lean = _leanest_within(cutter, incumbent.time + slack_ps)
+        lean = _leanest_within(cutter, incumbent.time + slack_ps, *pinned)
         if lean.bytes < incumbent.bytes:  # so within the budget too
             incumbent, optimal = lean, False
     return _to_plan(
