@@ -91,6 +91,7 @@ class PeakPrediction:
     node: str
     alive: tuple[tuple[str, int], ...]  # the largest buffers alive at the peak, largest first
     saved_bytes: int  # materialised bytes of the saved values
+    alive_values: tuple[int, ...] = ()  # every buffer alive at the peak, by value index
 
     @property
     def peak_bytes(self) -> int:
@@ -102,6 +103,7 @@ class _Phase:
     peak: int = 0
     node: str = ""
     alive: tuple[tuple[str, int], ...] = ()
+    values: tuple[int, ...] = ()
 
 
 def _forward_order(graph: PeakGraph, saved: frozenset[int]) -> list[int]:
@@ -190,8 +192,9 @@ def _run(
             alive.add(i)
             total += graph.bytes[i]
         if total > phase.peak or not phase.alive:
-            largest = sorted(alive, key=lambda b: (-graph.bytes[b], b))[:8]
-            phase = _Phase(total, graph.names[i], tuple((graph.names[b], graph.bytes[b]) for b in largest))
+            largest = sorted(alive, key=lambda b: (-graph.bytes[b], b))
+            named = tuple((graph.names[b], graph.bytes[b]) for b in largest[:8])
+            phase = _Phase(total, graph.names[i], named, tuple(sorted(alive)))
         for b in sorted(reads[i] | ({i} if i in buffers else set())):
             if b in alive and b not in keep and last_use.get(b, -1) <= position:
                 alive.discard(b)
@@ -231,4 +234,5 @@ def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[i
         node=top.node,
         alive=top.alive,
         saved_bytes=sum(graph.bytes[i] for i in saved_set if graph.kinds[i] is not Materialise.FREE),
+        alive_values=top.values,
     )
