@@ -126,3 +126,85 @@ def test_peak_memory_counts_what_the_step_holds_at_once() -> None:
 def test_peak_memory_rejects_other_devices() -> None:
     with pytest.raises(ValueError, match="device='meta'"):
         peak_memory(lambda: None, device="meta")
+
+
+# ---------------------------------------------------------------- the peak search on a chain
+
+from ckpt.partitioner.peak_search import cap_peak, lowest_peak_within  # noqa: E402
+from ckpt.partitioner.plan import Plan  # noqa: E402
+from ckpt.partitioner.problem import Problem  # noqa: E402
+from ckpt.partitioner.solver import solve  # noqa: E402
+
+
+def chain_problem(layers: int, size: int = 10) -> tuple[Problem, PeakGraph]:
+    """The planner's view of :func:`chain`: the backward reads every activation; each costs 1 to recompute."""
+    graph = chain(layers, size)
+    n = layers + 1
+    problem = Problem(
+        names=graph.names[:n],
+        inputs=tuple(graph.inputs[:n]),
+        needed=(False,) + (True,) * layers,
+        save_bytes=(0,) + (size,) * layers,
+        save_time=(0,) * n,
+        recompute_time=(0,) + (1,) * layers,
+        can_save=(True,) * n,
+        can_recompute=(False,) + (True,) * layers,
+    )
+    graph = PeakGraph(**{**graph.__dict__, "problem_index": tuple(range(n))})
+    return problem, graph
+
+
+def solver_for(problem: Problem):
+    def solve_pinned(budget: int | None, force: frozenset[int]) -> Plan:
+        return solve(problem, budget, force_saved=force)
+
+    return solve_pinned
+
+
+def predicted(graph: PeakGraph, plan: Plan) -> int:
+    return simulate_peak(graph, plan.saved, plan.recomputed).peak_bytes
+
+
+def test_cap_is_kept_by_saving_segment_boundaries() -> None:
+    problem, graph = chain_problem(9)
+    everything = predicted(graph, solve(problem, 0))  # recompute all: the whole chain again
+    # two or three boundaries: about 60 bytes saved and alive, against 101
+    cap = 65
+    result = cap_peak(problem, graph, solver_for(problem), None, peak_cap=cap)
+    assert everything > 100
+    assert result.within_cap
+    assert result.prediction.peak_bytes <= cap
+    assert predicted(graph, result.plan) == result.prediction.peak_bytes
+
+
+def test_cap_under_a_budget_stays_within_the_budget() -> None:
+    problem, graph = chain_problem(9)
+    start = predicted(graph, solve(problem, 20))
+    result = cap_peak(problem, graph, solver_for(problem), 20, peak_cap=start - 20)
+    assert result.plan.bytes <= 20
+    assert result.within_cap and result.prediction.peak_bytes <= start - 20
+
+
+def test_a_smaller_cap_never_gives_a_higher_peak() -> None:
+    problem, graph = chain_problem(12)
+    solve_pinned = solver_for(problem)
+    peaks = [
+        cap_peak(problem, graph, solve_pinned, 30, peak_cap=cap).prediction.peak_bytes for cap in range(160, 30, -10)
+    ]
+    assert peaks == sorted(peaks, reverse=True)
+
+
+def test_unreachable_cap_returns_the_lowest_peak_and_says_so() -> None:
+    problem, graph = chain_problem(6)
+    result = cap_peak(problem, graph, solver_for(problem), None, peak_cap=1)
+    assert not result.within_cap
+    assert result.prediction.peak_bytes == result.lowest_peak > 1
+
+
+def test_budget_alone_takes_the_lowest_peak_among_equally_fast_plans() -> None:
+    problem, graph = chain_problem(9)
+    solve_pinned = solver_for(problem)
+    plain = solve(problem, 30)
+    result = lowest_peak_within(problem, graph, solve_pinned, 30, max_time=plain.time)
+    assert result.plan.bytes <= 30 and result.plan.time <= plain.time
+    assert result.prediction.peak_bytes <= predicted(graph, plain)

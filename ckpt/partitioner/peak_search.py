@@ -102,8 +102,10 @@ def peak_walk(
     """The walk's plans and their predicted peaks, starting with the solver's own plan.
 
     With ``peak_cap``, a plan whose peak no pin lowers (it is in the forward,
-    or what is alive there is saved) is answered by a tighter byte budget:
-    its saved bytes less the excess over the cap, pinned values kept.
+    or what is alive there is saved) is answered by a tighter byte budget,
+    pinned values kept: its saved bytes less the excess over the cap when the
+    peak is in the forward, less a quarter of it when in the backward (where
+    dropping a saved value may add recompute working set, so step gently).
     """
     pinned: frozenset[int] = frozenset()
     budget = budget_bytes
@@ -120,7 +122,10 @@ def peak_walk(
             pinned = pinned | {pin}
             log.debug("peak walk: pinned %s", problem.names[pin])
         elif peak_cap is not None and plan.bytes > 0:
-            budget = max(0, plan.bytes - max(1, prediction.peak_bytes - peak_cap))
+            # The forward holds every saved byte, so a forward peak needs the whole excess dropped.
+            excess = prediction.peak_bytes - peak_cap
+            excess = excess if prediction.phase == "forward" else excess // 4
+            budget = max(0, plan.bytes - max(1, excess))
         else:
             return
         plan = solve_fn(budget, pinned)
