@@ -10,9 +10,10 @@ counts the buffers Inductor materialises:
 saves, in graph order.  A value is freed after its last forward use, unless
 it is saved (it lives until the backward's last use) or a forward output.
 
-**Backward.**  The backward runs its own values in graph order, and inserts
-each recomputed value just before its first use, its recomputed inputs first
-(depth first), as torch's ``reordering_to_mimic_autograd_engine`` does.  The
+**Backward.**  The backward runs its own values in graph order from the first
+that reads a tangent, and brings in each recomputed value (with its recomputed
+inputs, in graph order) just before its first use, as torch's
+``reordering_to_mimic_autograd_engine`` does.  The
 tangents are alive from its start.  Every value is freed after its last use,
 except the gradients it produces, which are outputs and stay to the end.
 
@@ -121,26 +122,31 @@ def _forward_order(graph: PeakGraph, saved: frozenset[int]) -> list[int]:
 
 
 def _backward_order(graph: PeakGraph, recomputed: frozenset[int]) -> list[int]:
-    """The backward's values, each recomputed value placed just before its first use."""
+    """The backward's values in the order torch's ``reordering_to_mimic_autograd_engine`` gives.
+
+    From the first value that reads a tangent on, each value in graph order
+    brings in everything it needs that is not there yet (recomputed values
+    and backward values before it), in graph order.
+    """
+    members = {i for i in range(len(graph)) if graph.backward[i] and i not in graph.tangents} | set(recomputed)
+    readers = [i for i in sorted(members) if any(p in graph.tangents for p in graph.inputs[i])]
+    if not readers:
+        return sorted(members)
     order: list[int] = []
     placed: set[int] = set()
-
-    def place(i: int) -> None:
-        stack: list[tuple[int, bool]] = [(i, False)]
+    for i in range(readers[0], len(graph)):
+        if i not in members or i in placed:
+            continue
+        needed: set[int] = set()
+        stack = [i]
         while stack:
-            value, expanded = stack.pop()
-            if value in placed:
+            value = stack.pop()
+            if value in needed or value in placed:
                 continue
-            if expanded:
-                placed.add(value)
-                order.append(value)
-                continue
-            stack.append((value, True))
-            stack.extend((p, False) for p in reversed(graph.inputs[value]) if p in recomputed and p not in placed)
-
-    for i in range(len(graph)):
-        if graph.backward[i] and i not in graph.tangents:
-            place(i)
+            needed.add(value)
+            stack.extend(p for p in graph.inputs[value] if p in members)
+        order.extend(sorted(needed))
+        placed |= needed
     return order
 
 
