@@ -208,3 +208,28 @@ def test_budget_alone_takes_the_lowest_peak_among_equally_fast_plans() -> None:
     result = lowest_peak_within(problem, graph, solve_pinned, 30, max_time=plain.time)
     assert result.plan.bytes <= 30 and result.plan.time <= plain.time
     assert result.prediction.peak_bytes <= predicted(graph, plain)
+
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@given(
+    layers=st.integers(2, 14),
+    budget=st.one_of(st.none(), st.integers(0, 140)),
+    caps=st.lists(st.integers(0, 200), min_size=2, max_size=4),
+)
+def test_cap_search_keeps_the_cap_or_says_so_and_is_monotone(layers, budget, caps) -> None:
+    problem, graph = chain_problem(layers)
+    solve_pinned = solver_for(problem)
+    peaks = []
+    for cap in sorted(caps, reverse=True):
+        result = cap_peak(problem, graph, solve_pinned, budget, peak_cap=cap)
+        assert result.prediction.peak_bytes == predicted(graph, result.plan)
+        if result.within_cap:
+            assert result.prediction.peak_bytes <= cap
+            assert budget is None or result.plan.bytes <= budget
+        else:
+            assert result.prediction.peak_bytes == result.lowest_peak <= result.start_peak
+        peaks.append(result.prediction.peak_bytes)
+    assert peaks == sorted(peaks, reverse=True)
