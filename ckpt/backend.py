@@ -61,12 +61,13 @@ from ckpt.passes.backward import drop_dead_random_ops
 
 __all__ = [
     "BudgetWarning",
-    "PeakWarning",
     "CkptPartitionError",
     "CkptPartitioner",
     "PartitionRecord",
+    "PeakWarning",
     "ckpt_backend",
     "record_partitions",
+    "resolve_auto_peak",
     "resolve_profile",
 ]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt.config import Budget, CkptConfig, parse_budget
+from ckpt.config import Budget, CkptConfig, PeakCap, auto_peak_bytes, parse_budget, parse_peak
 
 GiB = 1024**3
 
@@ -75,9 +75,6 @@ def test_bad_option_value_names_the_option():
 
 
 # ---------------------------------------------------------------- CKPT_PEAK_MEMORY
-
-from ckpt.config import PeakCap, auto_peak_bytes, parse_peak  # noqa: E402
-
 
 @pytest.mark.parametrize(
     ("text", "expected"),

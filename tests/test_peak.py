@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ckpt.measure import peak_memory
 from ckpt.partitioner.peak import Materialise, PeakGraph, simulate_peak
+from ckpt.partitioner.peak_search import cap_peak, lowest_peak_within
+from ckpt.partitioner.plan import Plan
+from ckpt.partitioner.problem import Problem
+from ckpt.partitioner.solver import solve
 
 B, F, X = Materialise.BUFFER, Materialise.FUSIBLE, Materialise.FREE
 
@@ -130,11 +136,6 @@ def test_peak_memory_rejects_other_devices() -> None:
 
 # ---------------------------------------------------------------- the peak search on a chain
 
-from ckpt.partitioner.peak_search import cap_peak, lowest_peak_within  # noqa: E402
-from ckpt.partitioner.plan import Plan  # noqa: E402
-from ckpt.partitioner.problem import Problem  # noqa: E402
-from ckpt.partitioner.solver import solve  # noqa: E402
-
 
 def chain_problem(layers: int, size: int = 10) -> tuple[Problem, PeakGraph]:
     """The planner's view of :func:`chain`: the backward reads every activation; each costs 1 to recompute."""
@@ -208,10 +209,6 @@ def test_budget_alone_takes_the_lowest_peak_among_equally_fast_plans() -> None:
     result = lowest_peak_within(problem, graph, solve_pinned, 30, max_time=plain.time)
     assert result.plan.bytes <= 30 and result.plan.time <= plain.time
     assert result.prediction.peak_bytes <= predicted(graph, plain)
-
-
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 
 @given(
