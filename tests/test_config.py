@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt.config import Budget, CkptConfig, PeakCap, auto_peak_bytes, parse_budget, parse_peak
+from ckpt.config import (
+    Budget,
+    CkptConfig,
+    PeakCap,
+    auto_peak_bytes,
+    parse_budget,
+    parse_peak,
+)
 
 GiB = 1024**3
 
