@@ -92,6 +92,25 @@ def test_fused_values_allocate_nothing_and_extend_their_inputs() -> None:
     assert prediction.backward_bytes == 4 * 10 + 1  # at g3: h2, the recomputed h3, g4, g3 and w4
 
 
+def test_a_pointwise_value_runs_in_its_consumers_kernel() -> None:
+    # c = a + b is pointwise and read by the library call e, which runs after d:
+    # Inductor computes c inside e's input kernel, so a and b live until then.
+    graph = PeakGraph(
+        names=("a", "b", "c", "d", "e"),
+        bytes=(10, 10, 10, 10, 10),
+        kinds=(B, B, F, B, B),
+        inputs=((), (), (0, 1), (), (2, 3)),
+        backward=(False,) * 5,
+        required=(True,) * 5,
+        outputs=frozenset({4}),
+        gradients=frozenset(),
+        tangents=frozenset(),
+    )
+    prediction = simulate_peak(graph, saved=(), recomputed=())
+    assert prediction.forward_bytes == 40  # a, b, d and c together
+    assert prediction.node == "c"
+
+
 def test_gradients_stay_alive_to_the_end() -> None:
     graph = chain(3)
     prediction = simulate_peak(graph, saved=(1, 2, 3), recomputed=())

@@ -164,6 +164,39 @@ def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -
     return result
 
 
+def _fuse_into_consumers(graph: PeakGraph, order: Sequence[int]) -> list[int]:
+    """``order`` with each pointwise value moved to just before its first consumer in the phase.
+
+    Inductor computes a pointwise value inside the kernel of its consumer, so
+    it runs (and its inputs stay alive) until that kernel, not at its own place
+    in the graph.  Chains of pointwise values move together, in graph order.
+    """
+    members = set(order)
+    consumed: set[int] = set()
+    for i in order:
+        consumed.update(p for p in graph.inputs[i] if p in members)
+    deferred = {i for i in order if graph.kinds[i] is Materialise.FUSIBLE and i in consumed}
+    result: list[int] = []
+    placed: set[int] = set()
+    for i in order:
+        if i in deferred:
+            continue
+        pending: set[int] = set()
+        stack = [p for p in graph.inputs[i] if p in deferred and p not in placed]
+        while stack:
+            value = stack.pop()
+            if value in pending:
+                continue
+            pending.add(value)
+            stack.extend(p for p in graph.inputs[value] if p in deferred and p not in placed)
+        result.extend(sorted(pending))
+        placed |= pending
+        result.append(i)
+        placed.add(i)
+    result.extend(sorted(deferred - placed))
+    return result
+
+
 def _buffer_reads(graph: PeakGraph, order: Sequence[int], buffers: set[int], available: set[int]) -> dict[int, set[int]]:
     """For each value of ``order``: the buffers its kernel reads, looking through fused values."""
     reads: dict[int, set[int]] = {}
@@ -216,13 +249,13 @@ def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[i
     """
     saved_set = frozenset(saved)
     recomputed_set = frozenset(recomputed)
-    forward = _forward_order(graph, saved_set)
+    forward = _fuse_into_consumers(graph, _forward_order(graph, saved_set))
     forward_kept = saved_set | {i for i in graph.outputs if not graph.backward[i]}
     f_buffers = _materialised(graph, forward, forward_kept)
     f_reads = _buffer_reads(graph, forward, f_buffers, set())
     f_phase, _ = _run(graph, forward, f_buffers, (), set(forward_kept), f_reads)
 
-    backward = _backward_order(graph, recomputed_set)
+    backward = _fuse_into_consumers(graph, _backward_order(graph, recomputed_set))
     start = {i for i in saved_set if graph.kinds[i] is not Materialise.FREE}
     start |= {i for i in graph.tangents if graph.kinds[i] is not Materialise.FREE}
     b_buffers = _materialised(graph, backward, graph.gradients)
