@@ -30,7 +30,7 @@ from ckpt.partitioner.analysis import JointAnalysis
 from ckpt.partitioner.peak import Materialise, PeakGraph, PeakPrediction, simulate_peak
 from ckpt.partitioner.plan import Plan
 
-__all__ = ["build_peak_graph", "predict_plan"]
+__all__ = ["build_peak_graph", "describe", "predict_plan"]
 
 _FUSED_KINDS = (OpKind.FUSIBLE, OpKind.RANDOM)
 
