@@ -17,15 +17,18 @@ inputs, in graph order) just before its first use, as torch's
 tangents are alive from its start.  Every value is freed after its last use,
 except the gradients it produces, which are outputs and stay to the end.
 
-**What materialises.**  A ``BUFFER`` value (a library call, a reduction, a
-graph input that counts) always allocates its bytes.  A ``FUSIBLE`` value
+**What materialises.**  A ``BUFFER`` value (a library call, a graph input
+that counts) and a ``REDUCTION`` always allocate their bytes.  A ``FUSIBLE`` value
 (pointwise) allocates only if a library call in the same phase reads it, or
 it is saved, or it is an output; otherwise Inductor fuses it into its
 consumers, and a read of it is a read of the buffers it is computed from.
 ``FREE`` values (parameters, the user's inputs, symbolic sizes) live anyway
 and count nothing.
 
-At each value the running total is taken after its output is allocated and
+**Where it runs** follows Inductor's fusion: a pointwise value runs in the
+kernel of its first consumer (its inputs stay alive until then), and
+reductions over the same pointwise values share one kernel, placed where the
+last of them is.  At each value the running total is taken after its output is allocated and
 before its dead inputs are freed, since a kernel holds both.  The answer
 names the phase and value where the peak happens and the largest buffers
 alive there.  Pure data in, data out: no ``torch.fx`` here (the graph is read
@@ -43,6 +46,7 @@ __all__ = ["Materialise", "PeakGraph", "PeakPrediction", "simulate_peak"]
 
 class Materialise(enum.Enum):
     BUFFER = "buffer"  # always allocates its bytes
+    REDUCTION = "reduction"  # allocates its (small) output; reductions over the same values share a kernel
     FUSIBLE = "fusible"  # allocates only when a library call reads it, or it is kept
     FREE = "free"  # lives anyway (parameters, inputs) or has no storage
 
@@ -156,12 +160,52 @@ def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -
     result = {i for i in kept if graph.kinds[i] is not Materialise.FREE}
     for i in order:
         kind = graph.kinds[i]
-        if kind is Materialise.BUFFER:
+        if kind is Materialise.BUFFER or kind is Materialise.REDUCTION:
             result.add(i)
             for p in graph.inputs[i]:
                 if p in members and graph.kinds[p] is Materialise.FUSIBLE:
                     result.add(p)
     return result
+
+
+def _sources(graph: PeakGraph, i: int, members: set[int]) -> set[int]:
+    """The largest pointwise values a reduction at ``i`` reads, directly or through one pointwise op.
+
+    Two levels cover a reduction of ``g`` and of ``g * x``; deeper chains reach
+    the residual stream, which every layer's reductions share.  Only the
+    largest count: small operands (scalars, statistics) are shared by
+    unrelated kernels.
+    """
+    found: set[int] = set()
+    for p in graph.inputs[i]:
+        if p in members and graph.kinds[p] is Materialise.FUSIBLE:
+            found.add(p)
+            found.update(q for q in graph.inputs[p] if q in members and graph.kinds[q] is Materialise.FUSIBLE)
+    largest = max((graph.bytes[v] for v in found), default=0)
+    return {v for v in found if graph.bytes[v] == largest and largest > 0}
+
+
+def _join_sibling_reductions(graph: PeakGraph, order: list[int]) -> list[int]:
+    """Move each reduction to its last sibling (a reduction over a shared pointwise value).
+
+    Inductor computes reductions over the same values in one kernel, so the
+    earlier ones wait for the later ones' inputs.  A reduction never moves past
+    a value that reads it.
+    """
+    members = set(order)
+    position = {v: k for k, v in enumerate(order)}
+    readers: dict[int, int] = {}
+    for k, v in enumerate(order):
+        for p in graph.inputs[v]:
+            readers.setdefault(p, k)
+    reductions = [v for v in order if graph.kinds[v] is Materialise.REDUCTION]
+    sources = {r: _sources(graph, r, members) for r in reductions}
+    target: dict[int, int] = {}
+    for r in reductions:
+        last = max((position[o] for o in reductions if sources[o] & sources[r]), default=position[r])
+        limit = readers.get(r, len(order)) - 1
+        target[r] = max(position[r], min(last, limit))
+    return sorted(order, key=lambda v: (target.get(v, position[v]), v not in target, position[v]))
 
 
 def _fuse_into_consumers(graph: PeakGraph, order: Sequence[int]) -> list[int]:
@@ -171,7 +215,9 @@ def _fuse_into_consumers(graph: PeakGraph, order: Sequence[int]) -> list[int]:
     it runs (and its inputs stay alive) until that kernel, not at its own place
     in the graph.  Chains of pointwise values move together, in graph order.
     """
+    order = _join_sibling_reductions(graph, list(order))
     members = set(order)
+    position = {v: k for k, v in enumerate(order)}
     consumed: set[int] = set()
     for i in order:
         consumed.update(p for p in graph.inputs[i] if p in members)
@@ -189,11 +235,11 @@ def _fuse_into_consumers(graph: PeakGraph, order: Sequence[int]) -> list[int]:
                 continue
             pending.add(value)
             stack.extend(p for p in graph.inputs[value] if p in deferred and p not in placed)
-        result.extend(sorted(pending))
+        result.extend(sorted(pending, key=position.__getitem__))
         placed |= pending
         result.append(i)
         placed.add(i)
-    result.extend(sorted(deferred - placed))
+    result.extend(v for v in order if v in deferred and v not in placed)
     return result
 
 

@@ -51,8 +51,8 @@ def _kind(node: fx.Node, analysis: JointAnalysis, backward: bool) -> Materialise
     if not isinstance(value, torch.Tensor):
         return Materialise.FREE
     estimate = analysis.estimates.get(node.name)
-    if estimate is not None and estimate.kind in _FUSED_KINDS and not _is_reduction(node):
-        return Materialise.FUSIBLE
+    if estimate is not None and estimate.kind in _FUSED_KINDS:
+        return Materialise.REDUCTION if _is_reduction(node) else Materialise.FUSIBLE
     return Materialise.BUFFER
 
 
