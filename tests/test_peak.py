@@ -221,6 +221,13 @@ def test_unreachable_cap_returns_the_lowest_peak_and_says_so() -> None:
     assert result.prediction.peak_bytes == result.lowest_peak > 1
 
 
+def test_an_unreachable_cap_under_a_budget_keeps_the_budget() -> None:
+    problem, graph = chain_problem(9)
+    result = cap_peak(problem, graph, solver_for(problem), 10, peak_cap=1)
+    assert not result.within_cap
+    assert result.plan.bytes <= 10
+
+
 def test_budget_alone_takes_the_lowest_peak_among_equally_fast_plans() -> None:
     problem, graph = chain_problem(9)
     solve_pinned = solver_for(problem)
@@ -246,6 +253,10 @@ def test_cap_search_keeps_the_cap_or_says_so_and_is_monotone(layers, budget, cap
             assert result.prediction.peak_bytes <= cap
             assert budget is None or result.plan.bytes <= budget
         else:
-            assert result.prediction.peak_bytes == result.lowest_peak <= result.start_peak
+            assert result.prediction.peak_bytes == result.lowest_peak
+            if budget is None:
+                assert result.lowest_peak <= result.start_peak
+            elif solve(problem, budget).bytes <= budget:
+                assert result.plan.bytes <= budget
         peaks.append(result.prediction.peak_bytes)
     assert peaks == sorted(peaks, reverse=True)

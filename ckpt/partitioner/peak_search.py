@@ -144,7 +144,8 @@ def cap_peak(
     """The first plan of the walk whose predicted peak is within ``peak_cap`` (and the budget).
 
     If no plan of the walk is, the plan with the lowest peak (the earliest
-    among equals), with ``within_cap`` false.
+    among equals) among those within the budget, if any is, with
+    ``within_cap`` false: the budget is kept before the peak is lowered.
     """
     start: int | None = None
     lowest: tuple[Plan, PeakPrediction] | None = None
@@ -153,13 +154,24 @@ def cap_peak(
         steps += 1
         if start is None:
             start = prediction.peak_bytes
-        if prediction.peak_bytes <= peak_cap and _within_budget(plan, budget_bytes):
+        within_budget = _within_budget(plan, budget_bytes)
+        if prediction.peak_bytes <= peak_cap and within_budget:
             low = min(prediction.peak_bytes, lowest[1].peak_bytes if lowest else prediction.peak_bytes)
             return PeakSearchResult(plan, prediction, True, start, low, steps)
-        if lowest is None or prediction.peak_bytes < lowest[1].peak_bytes:
+        if lowest is None or _better_fallback(plan, prediction, lowest, budget_bytes):
             lowest = (plan, prediction)
     assert lowest is not None and start is not None
     return PeakSearchResult(lowest[0], lowest[1], False, start, lowest[1].peak_bytes, steps)
+
+
+def _better_fallback(
+    plan: Plan, prediction: PeakPrediction, current: tuple[Plan, PeakPrediction], budget_bytes: int | None
+) -> bool:
+    """Within the budget beats over it; then the lower peak wins."""
+    within, current_within = _within_budget(plan, budget_bytes), _within_budget(current[0], budget_bytes)
+    if within != current_within:
+        return within
+    return prediction.peak_bytes < current[1].peak_bytes
 
 
 def lowest_peak_within(
