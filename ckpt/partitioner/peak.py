@@ -154,17 +154,52 @@ def _backward_order(graph: PeakGraph, recomputed: frozenset[int]) -> list[int]:
     return order
 
 
+# Inductor realises a pointwise value that several kernels read when its inlined body loads
+# more than realize_reads_threshold (4) buffers or has more than realize_opcount_threshold (30)
+# ops; otherwise each consumer recomputes it inline.
+_REALIZE_READS = 4
+_REALIZE_OPS = 30
+
+
+def _heavy(graph: PeakGraph, i: int, members: set[int]) -> bool:
+    """Whether the pointwise chain ending at ``i`` is too big for Inductor to inline twice."""
+    ops: set[int] = set()
+    leaves: set[int] = set()
+    stack = [i]
+    while stack:
+        value = stack.pop()
+        if value in ops:
+            continue
+        ops.add(value)
+        for p in graph.inputs[value]:
+            if p in members and graph.kinds[p] is Materialise.FUSIBLE:
+                stack.append(p)
+            elif graph.kinds[p] is not Materialise.FREE:
+                leaves.add(p)
+        if len(ops) > _REALIZE_OPS or len(leaves) > _REALIZE_READS:
+            return True
+    return False
+
+
 def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -> set[int]:
     """The values of ``order`` that allocate in this phase."""
     members = set(order)
+    consumers: dict[int, int] = {}
+    for i in order:
+        for p in graph.inputs[i]:
+            consumers[p] = consumers.get(p, 0) + 1
     result = {i for i in kept if graph.kinds[i] is not Materialise.FREE}
     for i in order:
         kind = graph.kinds[i]
         if kind is Materialise.BUFFER or kind is Materialise.REDUCTION:
             result.add(i)
-            for p in graph.inputs[i]:
-                if p in members and graph.kinds[p] is Materialise.FUSIBLE:
-                    result.add(p)
+        for p in graph.inputs[i]:
+            if p not in members or graph.kinds[p] is not Materialise.FUSIBLE:
+                continue
+            if kind is Materialise.BUFFER:
+                result.add(p)
+            elif kind is Materialise.REDUCTION and consumers[p] > 1 and _heavy(graph, p, members):
+                result.add(p)
     return result
 
 
