@@ -196,9 +196,9 @@ def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -
         for p in graph.inputs[i]:
             if p not in members or graph.kinds[p] is not Materialise.FUSIBLE:
                 continue
-            if kind is Materialise.BUFFER:
-                result.add(p)
-            elif kind is Materialise.REDUCTION and consumers[p] > 1 and _heavy(graph, p, members):
+            library_input = kind is Materialise.BUFFER
+            realised = kind is Materialise.REDUCTION and consumers[p] > 1 and _heavy(graph, p, members)
+            if library_input or realised:
                 result.add(p)
     return result
 
