@@ -13,23 +13,27 @@ it is saved (it lives until the backward's last use) or a forward output.
 **Backward.**  The backward runs its own values in graph order from the first
 that reads a tangent, and brings in each recomputed value (with its recomputed
 inputs, in graph order) just before its first use, as torch's
-``reordering_to_mimic_autograd_engine`` does.  The
-tangents are alive from its start.  Every value is freed after its last use,
+``reordering_to_mimic_autograd_engine`` does.  The tangents are alive from
+its start.  Every value is freed after its last use,
 except the gradients it produces, which are outputs and stay to the end.
 
 **What materialises.**  A ``BUFFER`` value (a library call, a graph input
-that counts) and a ``REDUCTION`` always allocate their bytes.  A ``FUSIBLE`` value
-(pointwise) allocates only if a library call in the same phase reads it, or
-it is saved, or it is an output; otherwise Inductor fuses it into its
-consumers, and a read of it is a read of the buffers it is computed from.
+that counts) and a ``REDUCTION`` always allocate their bytes.  A ``FUSIBLE``
+value (pointwise) allocates only if a library call in the same phase reads
+it, or it is saved, or it is an output, or a reduction and another kernel
+read it and its inlined body is bigger than Inductor inlines twice (its
+``realize_reads_threshold`` and ``realize_opcount_threshold``); otherwise
+Inductor computes it inside its consumers, and a read of it is a read of the
+buffers it is computed from.
 ``FREE`` values (parameters, the user's inputs, symbolic sizes) live anyway
 and count nothing.
 
 **Where it runs** follows Inductor's fusion: a pointwise value runs in the
 kernel of its first consumer (its inputs stay alive until then), and
 reductions over the same pointwise values share one kernel, placed where the
-last of them is.  At each value the running total is taken after its output is allocated and
-before its dead inputs are freed, since a kernel holds both.  The answer
+last of them is.  At each value the running total is taken after its
+output is allocated and before its dead inputs are freed, since a kernel
+holds both.  The answer
 names the phase and value where the peak happens and the largest buffers
 alive there.  Pure data in, data out: no ``torch.fx`` here (the graph is read
 by :mod:`ckpt.partitioner.peak_analysis`).
