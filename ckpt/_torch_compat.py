@@ -499,3 +499,27 @@ def aot_default_partition(
     return _partitioners().default_partition(
         joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, static_lifetime_input_indices=static
     )
+
+
+def profiled_cpu_allocations(step: Any) -> list[int]:
+    """Run ``step()`` under the profiler; the signed sizes of its CPU allocations and frees, in time order.
+
+    The allocation events live in the profiler's event tree (``kineto_results``),
+    which is private; ``prof.events()`` misses most of them.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    allocation = torch._C._profiler._EventType.Allocation
+    found: list[tuple[int, int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        if event.tag == allocation:
+            fields = event.extra_fields
+            if fields.device.type == torch.device("cpu").type:
+                found.append((event.start_time_ns, len(found), int(fields.alloc_size)))
+        stack.extend(event.children)
+    found.sort()
+    return [size for _, _, size in found]

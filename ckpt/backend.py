@@ -11,7 +11,10 @@ For each joint graph the partitioner runs, top to bottom:
 
 1. prepare the joint graph as torch does (dead code, CSE, checkpoint tags);
 2. analyse it into a plain-data problem (:mod:`ckpt.partitioner.analysis`);
-3. solve it under the budget (:mod:`ckpt.partitioner.solver`);
+3. solve it under the budget (:mod:`ckpt.partitioner.solver`), then weigh the
+   step's predicted peak (:mod:`ckpt.partitioner.peak_search`): under a peak
+   cap, the first plan of the repair walk within it; under a budget alone,
+   the lowest peak among the walk's plans within the 1% time slack;
 4. extract the forward and backward graphs (:mod:`ckpt.partitioner.extract`);
 5. finish them: torch's own final steps (which make random ops that a
    checkpoint region recomputes replay the forward's RNG state), then no other
@@ -24,6 +27,7 @@ default partition, or, under ``CKPT_STRICT=1``, an error naming the graph.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import logging
@@ -38,10 +42,13 @@ import torch.fx as fx
 
 from ckpt import _torch_compat as compat
 from ckpt._version import __version__
-from ckpt.config import CkptConfig
+from ckpt.config import CkptConfig, PeakCap, auto_peak_bytes
 from ckpt.cost_model.profiles import GPU_PROFILES, DeviceProfile, gpu_profile_for_name
 from ckpt.partitioner.analysis import JointAnalysis, analyze_joint, to_picoseconds
 from ckpt.partitioner.extract import drop_dead_random_ops, extract_modules, verify_backward
+from ckpt.partitioner.peak import PeakGraph
+from ckpt.partitioner.peak_analysis import build_peak_graph, predict_plan
+from ckpt.partitioner.peak_search import cap_peak, lowest_peak_within
 from ckpt.partitioner.plan import Plan, make_plan
 from ckpt.partitioner.problem import ProblemError
 from ckpt.partitioner.solver import solve
@@ -53,7 +60,9 @@ __all__ = [
     "BudgetWarning",
     "CkptPartitionError",
     "CkptPartitioner",
+    "PeakWarning",
     "ckpt_backend",
+    "resolve_auto_peak",
     "resolve_profile",
 ]
 
@@ -62,6 +71,10 @@ log = logging.getLogger(__name__)
 
 class BudgetWarning(UserWarning):
     """The memory budget is below the smallest plan this graph allows."""
+
+
+class PeakWarning(UserWarning):
+    """The peak cap is below the smallest peak found, or a budget raises the peak."""
 
 
 class CkptPartitionError(RuntimeError):
@@ -99,6 +112,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         digest.update(__version__.encode())
         digest.update(repr(self.config.budget).encode())
         digest.update(repr(self.config.solver_effort).encode())
+        digest.update(repr(self.config.peak).encode())
         digest.update(self.profile.key().encode())
         digest.update(repr(sorted(self.activation_inputs)).encode())
         digest.update(compat.hash_for_files(_package_files()))
@@ -151,9 +165,11 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         gm, _, has_recompute_rng = compat.prepare_joint(gm)
         analysis = analyze_joint(gm, num_fwd_outputs, self.profile, self._activation_inputs(gm))
+        peak_graph = build_peak_graph(gm, analysis, num_fwd_outputs)
         budget_bytes = self.config.budget.resolve(analysis.no_recompute_bytes)
         started = time.perf_counter()
         plan = self._solve(analysis, budget_bytes)
+        plan = self._fit_peak(name, analysis, peak_graph, plan, budget_bytes)
         solve_seconds = time.perf_counter() - started
         if plan.over_budget:
             warnings.warn(
@@ -187,6 +203,8 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             solve_seconds,
             torch_plan=torch_plan,
             explain=self.config.explain,
+            peak_graph=peak_graph,
+            peak=predict_plan(peak_graph, plan),
         )
         log.debug("ckpt graph %r plan fingerprint %s", name, record.fingerprint)
         publish(record)
@@ -228,6 +246,60 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
                 plan, fraction, budget_bytes, baseline, analysis.save_bytes_exprs, analysis.size_hints, resolve
             )
         return plan
+
+    def _fit_peak(
+        self, name: str, analysis: JointAnalysis, peak_graph: PeakGraph, plan: Plan, budget_bytes: int | None
+    ) -> Plan:
+        """Apply the peak cap, or under a budget alone the lowest peak within the 1% slack."""
+        tolerance = to_picoseconds(analysis.fixed_seconds * 5e-3)
+
+        def solve_pinned(cap: int | None, force: frozenset[int]) -> Plan:
+            if not force and cap == budget_bytes:
+                return plan
+            return solve(
+                analysis.problem,
+                cap,
+                effort=self.config.solver_effort,
+                tolerance_ps=tolerance,
+                slack_ps=2 * tolerance,
+                force_saved=force,
+            )
+
+        problem = analysis.problem
+        baseline = make_plan(problem, analysis.no_recompute_saved, "no-recompute", optimal=False)
+        reference = predict_plan(peak_graph, baseline).peak_bytes
+        peak_cap = self.config.peak.resolve(reference)
+        if peak_cap is not None:
+            result = cap_peak(problem, peak_graph, solve_pinned, budget_bytes, peak_cap)
+            if not result.within_cap:
+                warnings.warn(
+                    f"ckpt: graph {name!r}: peak memory cap {self.config.peak} ({peak_cap} bytes) is below the "
+                    f"smallest peak found ({result.lowest_peak} bytes predicted); using that plan",
+                    PeakWarning,
+                    stacklevel=3,
+                )
+            return result.plan
+        result = lowest_peak_within(problem, peak_graph, solve_pinned, budget_bytes, plan.time + 2 * tolerance)
+        if budget_bytes is not None:
+            self._warn_if_budget_raises_peak(name, analysis, peak_graph, result.prediction.peak_bytes, solve_pinned)
+        return result.plan
+
+    def _warn_if_budget_raises_peak(
+        self, name: str, analysis: JointAnalysis, peak_graph: PeakGraph, peak: int, solve_pinned: Any
+    ) -> None:
+        tolerance = to_picoseconds(analysis.fixed_seconds * 5e-3)
+        free = solve_pinned(None, frozenset())
+        free_peak = lowest_peak_within(
+            analysis.problem, peak_graph, solve_pinned, None, free.time + 2 * tolerance
+        ).prediction.peak_bytes
+        if peak > free_peak * 1.02:
+            warnings.warn(
+                f"ckpt: graph {name!r}: memory budget {self.config.budget} lowers saved activations but raises the "
+                f"predicted peak to {peak} bytes, from {free_peak} bytes without a budget; to bound what runs out, "
+                "set CKPT_PEAK_MEMORY",
+                PeakWarning,
+                stacklevel=3,
+            )
 
     @staticmethod
     def _torch_plan(
@@ -282,6 +354,24 @@ def resolve_profile(config: CkptConfig, example_inputs: Sequence[object]) -> Dev
     return GPU_PROFILES[name]
 
 
+def resolve_auto_peak(config: CkptConfig, example_inputs: Sequence[object]) -> CkptConfig:
+    """Turn ``CKPT_PEAK_MEMORY=auto`` into bytes: free CUDA memory now, less the margin."""
+    if not config.peak.auto:
+        return config
+    device = next((v.device for v in example_inputs if isinstance(v, torch.Tensor) and v.device.type == "cuda"), None)
+    if device is None:
+        raise ValueError(
+            "CKPT_PEAK_MEMORY='auto' needs a CUDA device (it reads the free device memory at compile time); "
+            "this graph has none. Give a fraction such as 0.5 or a size such as 6GiB instead"
+        )
+    free, total = torch.cuda.mem_get_info(device)
+    cap = auto_peak_bytes(int(free), int(total))
+    log.info(
+        "ckpt: CKPT_PEAK_MEMORY=auto: %d bytes free of %d on %s; capping the peak at %d bytes", free, total, device, cap
+    )
+    return dataclasses.replace(config, peak=PeakCap(max_bytes=cap))
+
+
 def ckpt_backend(
     gm: fx.GraphModule,
     example_inputs: Sequence[object],
@@ -295,7 +385,7 @@ def ckpt_backend(
     passed on to Inductor (for example ``"max-autotune"``).
     """
     compat.check_torch_version()
-    config = CkptConfig.from_sources(options)
+    config = resolve_auto_peak(CkptConfig.from_sources(options), example_inputs)
     profile = resolve_profile(config, example_inputs)
     patches: dict[str, Any] = dict(compat.inductor_mode_options(mode))
     patches["custom_partitioner_fn"] = CkptPartitioner(

@@ -30,9 +30,12 @@ __all__ = [
     "ConfigWarning",
     "ENV_VARS",
     "OPTION_KEYS",
+    "PeakCap",
+    "auto_peak_bytes",
     "cache_dir",
     "parse_budget",
     "parse_bool",
+    "parse_peak",
 ]
 
 # option key -> environment variable
@@ -42,6 +45,7 @@ ENV_VARS: dict[str, str] = {
     "strict": "CKPT_STRICT",
     "explain": "CKPT_EXPLAIN",
     "solver_effort": "CKPT_SOLVER_EFFORT",
+    "peak_memory": "CKPT_PEAK_MEMORY",
 }
 OPTION_KEYS: tuple[str, ...] = tuple(ENV_VARS)
 # Every CKPT_* variable anything in the project reads: the options', the cache
@@ -86,6 +90,17 @@ _BUDGET_FORMS = (
     "'none' (no cap), a fraction in [0, 1] such as 0.3, "
     "or a size with a unit (B, KB, MB, GB, KiB, MiB, GiB) such as 1.5GiB or 800MB"
 )
+
+_PEAK_FORMS = (
+    "'none' (no cap), a fraction in [0, 1] of the no-recompute plan's peak such as 0.5, "
+    "a size with a unit (B, KB, MB, GB, KiB, MiB, GiB) such as 6GiB, "
+    "or 'auto' (on CUDA: the free memory at compile time less a margin)"
+)
+
+# `auto` leaves this much of the device free: allocator fragmentation, the CUDA context,
+# workspaces of library calls, and what the step allocates outside the compiled graph.
+AUTO_MARGIN_FRACTION = 0.10
+AUTO_MARGIN_MIN_BYTES = 1024**3
 
 _UNITS: dict[str, int] = {
     "b": 1,
@@ -174,6 +189,75 @@ def _budget_error(source: str, value: Any) -> str:
     return f"{source}={value!r} is not a valid memory budget; accepted forms are {_BUDGET_FORMS}"
 
 
+@dataclass(frozen=True)
+class PeakCap:
+    """A cap on the step's peak bytes for one compiled graph (``CKPT_PEAK_MEMORY``).
+
+    The peak counts what the graph's forward and backward allocate above what
+    is resident when its forward starts: activations, recompute working sets,
+    tangents and the gradients it produces; not parameters, inputs or optimizer
+    state.  At most one of ``fraction`` (of the no-recompute plan's predicted
+    peak), ``max_bytes`` and ``auto`` is set; none means no cap.  ``auto`` is
+    resolved to bytes when compiling for a CUDA device (:func:`auto_peak_bytes`).
+    """
+
+    fraction: float | None = None
+    max_bytes: int | None = None
+    auto: bool = False
+
+    def __post_init__(self) -> None:
+        if sum((self.fraction is not None, self.max_bytes is not None, self.auto)) > 1:
+            raise ValueError("PeakCap takes one of fraction, max_bytes and auto")
+        if self.fraction is not None and not 0.0 <= self.fraction <= 1.0:
+            raise ValueError(f"PeakCap.fraction must be in [0, 1], got {self.fraction!r}")
+        if self.max_bytes is not None and self.max_bytes < 0:
+            raise ValueError(f"PeakCap.max_bytes must be >= 0, got {self.max_bytes!r}")
+
+    @property
+    def unlimited(self) -> bool:
+        return self.fraction is None and self.max_bytes is None and not self.auto
+
+    def resolve(self, no_recompute_peak: int) -> int | None:
+        """The byte cap for a graph whose no-recompute plan peaks at ``no_recompute_peak``."""
+        if self.auto:
+            raise ValueError("CKPT_PEAK_MEMORY=auto must be resolved to bytes for the device before planning")
+        if self.fraction is not None:
+            return math.floor(self.fraction * no_recompute_peak)
+        return self.max_bytes
+
+    def __str__(self) -> str:
+        if self.auto:
+            return "auto"
+        if self.fraction is not None:
+            return f"{self.fraction:g}"
+        if self.max_bytes is not None:
+            return f"{self.max_bytes}B"
+        return "none"
+
+
+def parse_peak(value: Any, source: str = "CKPT_PEAK_MEMORY") -> PeakCap:
+    """Parse a peak cap: ``none``, a fraction, a size with a unit, or ``auto``."""
+    if value is None or isinstance(value, PeakCap):
+        return value if isinstance(value, PeakCap) else PeakCap()
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return PeakCap(auto=True)
+    try:
+        budget = parse_budget(value, source)
+    except ValueError:
+        raise ValueError(
+            f"{source}={value!r} is not a valid peak memory cap; accepted forms are {_PEAK_FORMS}"
+        ) from None
+    return PeakCap(fraction=budget.fraction, max_bytes=budget.max_bytes)
+
+
+def auto_peak_bytes(free_bytes: int, total_bytes: int) -> int:
+    """The ``auto`` peak cap: free device memory less ``max(10% of total, 1 GiB)``, at least 0."""
+    if free_bytes < 0 or total_bytes <= 0 or free_bytes > total_bytes:
+        raise ValueError(f"auto_peak_bytes: free_bytes={free_bytes!r} must be in [0, total_bytes={total_bytes!r}]")
+    margin = max(math.ceil(AUTO_MARGIN_FRACTION * total_bytes), AUTO_MARGIN_MIN_BYTES)
+    return max(0, free_bytes - margin)
+
+
 def parse_bool(value: Any, source: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -237,6 +321,7 @@ class CkptConfig:
     strict: bool = False
     explain: str | None = None  # None, "log", or a directory for reports
     solver_effort: float = 1.0  # work for the repair search per graph (deterministic, not seconds)
+    peak: PeakCap = field(default_factory=PeakCap)
 
     @classmethod
     def from_sources(
@@ -268,7 +353,9 @@ class CkptConfig:
         explain = _parse_explain(value, source)
         value, source = pick("solver_effort")
         effort = _parse_effort(value, source) if value is not None else cls.solver_effort
-        return cls(budget=budget, device=device, strict=strict, explain=explain, solver_effort=effort)
+        value, source = pick("peak_memory")
+        peak = parse_peak(value, source)
+        return cls(budget=budget, device=device, strict=strict, explain=explain, solver_effort=effort, peak=peak)
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:

@@ -1,4 +1,6 @@
-"""Measure the activation bytes a forward pass saves for its backward.
+"""Measure what a training step keeps in memory: saved activations and the peak.
+
+**Saved activations.**
 
 This counts exactly what ckpt's budget counts: the storages of the tensors
 that autograd (eager or compiled) saves, each storage once, leaving out the
@@ -9,17 +11,28 @@ Modules are read at the moment each tensor is saved, not once at the start:
 under FSDP2 a module holds its unsharded parameters only while its forward
 runs, and those are parameters, not activations.  Distributed tensors count
 by their local shard.
+
+**Peak.**  :func:`peak_memory` measures the most bytes a step holds at once,
+above what is resident when the step starts.  On a GPU that is
+``torch.cuda.max_memory_allocated() - memory_allocated()`` after a reset of the
+peak statistics.  On the CPU there is no allocator statistic, so the step runs
+under ``torch.profiler`` with ``profile_memory=True``, which records every CPU
+allocation and free, Inductor's own buffers included; the allocation events of
+the event tree, in time order, give a running sum whose maximum is the peak.
+(``prof.events()`` misses most of them, so the tree is walked.)
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["SavedActivations", "live_storages", "saved_activations"]
+from ckpt import _torch_compat as compat
+
+__all__ = ["PeakMemory", "SavedActivations", "live_storages", "peak_memory", "saved_activations"]
 
 Live = Iterable[torch.Tensor] | torch.nn.Module | torch.Tensor
 
@@ -89,3 +102,43 @@ def saved_activations(*live: Live) -> Iterator[SavedActivations]:
     pack = torch.compiler.disable(record._pack)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         yield record
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """A step's peak bytes above what was resident before it, and how it was measured."""
+
+    bytes: int
+    device: str  # "cpu" (profiler allocation events) or "cuda" (allocator statistics)
+    allocations: int = 0  # allocation events seen (CPU only)
+
+    @property
+    def mib(self) -> float:
+        return self.bytes / 2**20
+
+
+def peak_memory(step: Callable[[], object], device: str | torch.device = "cpu") -> PeakMemory:
+    """Run ``step()`` once and measure its peak bytes above what was resident before it.
+
+    Set gradients to None before calling, so that the gradients the step
+    produces count, as they do in training::
+
+        model.zero_grad(set_to_none=True)
+        peak = peak_memory(lambda: model(x).sum().backward())
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return PeakMemory(torch.cuda.max_memory_allocated(device) - before, "cuda")
+    if device.type != "cpu":
+        raise ValueError(f"peak_memory: device={str(device)!r} is not supported; use 'cpu' or 'cuda'")
+    deltas = compat.profiled_cpu_allocations(step)
+    running = peak = 0
+    for delta in deltas:
+        running += delta
+        peak = max(peak, running)
+    return PeakMemory(peak, "cpu", allocations=sum(1 for d in deltas if d > 0))

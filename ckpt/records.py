@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ckpt.config import Budget
     from ckpt.cost_model.profiles import DeviceProfile
     from ckpt.partitioner.analysis import JointAnalysis
+    from ckpt.partitioner.peak import PeakGraph, PeakPrediction
     from ckpt.partitioner.plan import Plan
 
 __all__ = ["PartitionRecord", "publish", "record_partitions", "subscribe", "unsubscribe"]
@@ -35,7 +36,9 @@ class PartitionRecord:
     ``analysis`` and ``plan`` are None when the graph fell back to torch's
     partition (``fallback_reason`` says why).  ``torch_plan`` is torch's
     default partition in ckpt's terms, evaluated only when explaining.
-    ``explain`` is the ``CKPT_EXPLAIN`` target the graph compiled with.
+    ``explain`` is the ``CKPT_EXPLAIN`` target the graph compiled with;
+    ``peak`` the plan's predicted peak, from ``peak_graph`` (which predicts
+    any plan's peak on this graph).
     """
 
     graph: str
@@ -48,6 +51,8 @@ class PartitionRecord:
     fallback_reason: str | None = None
     torch_plan: Plan | None = None
     explain: str | None = None
+    peak_graph: PeakGraph | None = None  # the graph's liveness data, for predicting any plan's peak
+    peak: PeakPrediction | None = None  # the plan's predicted peak
 
     @property
     def planned(self) -> tuple[JointAnalysis, Plan] | None:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt.config import ENV_VARS, Budget, CkptConfig, parse_budget
+from ckpt.config import (
+    ENV_VARS,
+    Budget,
+    CkptConfig,
+    PeakCap,
+    auto_peak_bytes,
+    parse_budget,
+    parse_peak,
+)
 
 GiB = 1024**3
 
@@ -109,3 +117,67 @@ def test_known_variables_raise_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         CkptConfig.from_sources(environ={name: "" for name in config.KNOWN_VARIABLES})
+
+
+# ---------------------------------------------------------------- CKPT_PEAK_MEMORY
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (None, PeakCap()),
+        ("none", PeakCap()),
+        ("0.5", PeakCap(fraction=0.5)),
+        (0.25, PeakCap(fraction=0.25)),
+        ("0", PeakCap(fraction=0.0)),
+        ("6GiB", PeakCap(max_bytes=6 * GiB)),
+        ("800MB", PeakCap(max_bytes=800_000_000)),
+        ("auto", PeakCap(auto=True)),
+        (" AUTO ", PeakCap(auto=True)),
+    ],
+)
+def test_peak_accepted_forms(text, expected):
+    assert parse_peak(text) == expected
+
+
+@pytest.mark.parametrize("text", ["-1", "1.5", "abc", "12XB", "nan", "", "autoo", True, "-2MB"])
+def test_peak_rejects_with_a_message_naming_variable_value_and_forms(text):
+    with pytest.raises(ValueError) as info:
+        parse_peak(text, "CKPT_PEAK_MEMORY")
+    message = str(info.value)
+    assert message.startswith(f"CKPT_PEAK_MEMORY={text!r} is not a valid peak memory cap")
+    assert "'auto'" in message and "GiB" in message and "fraction" in message
+
+
+def test_peak_option_overrides_the_environment_and_names_the_option_in_errors():
+    config = CkptConfig.from_sources({"peak_memory": "0.5"}, {"CKPT_PEAK_MEMORY": "2GiB"})
+    assert config.peak == PeakCap(fraction=0.5)
+    assert CkptConfig.from_sources(None, {"CKPT_PEAK_MEMORY": "2GiB"}).peak == PeakCap(max_bytes=2 * GiB)
+    assert CkptConfig.from_sources(None, {}).peak.unlimited
+    with pytest.raises(ValueError, match=r"options\['peak_memory'\]='lots'"):
+        CkptConfig.from_sources({"peak_memory": "lots"}, {})
+
+
+def test_peak_fraction_resolves_against_the_no_recompute_peak():
+    assert PeakCap(fraction=0.5).resolve(1001) == 500
+    assert PeakCap(max_bytes=7).resolve(1001) == 7
+    assert PeakCap().resolve(1001) is None
+    with pytest.raises(ValueError, match="auto"):
+        PeakCap(auto=True).resolve(1001)
+
+
+@pytest.mark.parametrize(
+    ("free", "total", "expected"),
+    [
+        (70 * GiB, 80 * GiB, 62 * GiB),  # margin: 10% of 80 GiB
+        (5 * GiB, 8 * GiB, 4 * GiB),  # margin: 1 GiB (10% would be 0.8 GiB)
+        (GiB // 2, 8 * GiB, 0),  # less free than the margin
+    ],
+)
+def test_auto_margin_arithmetic(free, total, expected):
+    assert auto_peak_bytes(free, total) == expected
+
+
+def test_auto_margin_rejects_inconsistent_memory():
+    with pytest.raises(ValueError, match="free_bytes"):
+        auto_peak_bytes(9 * GiB, 8 * GiB)

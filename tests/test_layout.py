@@ -29,7 +29,7 @@ LAYERS = {
     "ckpt.__main__": 6,
     "ckpt": 6,  # the package's __init__
 }
-PLAIN_DATA = ["problem", "plan", "solver", "min_cut", "maxflow", "repair", "exhaustive"]
+PLAIN_DATA = ["problem", "plan", "solver", "min_cut", "maxflow", "repair", "exhaustive", "peak", "peak_search"]
 
 
 def _module_name(path: Path) -> str:

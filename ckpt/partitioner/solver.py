@@ -163,15 +163,14 @@ class _Cutter:
         return _Relaxation("gap", fast=fast, lean=lean, bound=bound)
 
 
-def _leanest_within(cutter: _Cutter, max_time: int) -> _Point:
+def _leanest_within(cutter: _Cutter, max_time: int, force: frozenset[int], forbid: frozenset[int]) -> _Point:
     """The hull plan with the fewest bytes among those taking at most ``max_time``."""
-    empty: frozenset[int] = frozenset()
-    fast = cutter.cut(1, 0, empty, empty)
-    lean = cutter.cut(1, cutter.big, empty, empty)
+    fast = cutter.cut(1, 0, force, forbid)
+    lean = cutter.cut(1, cutter.big, force, forbid)
     assert fast is not None and lean is not None
     if lean.time <= max_time:
         return lean
-    ends = cutter.walk(fast, lean, lambda point: point.time <= max_time)
+    ends = cutter.walk(fast, lean, lambda point: point.time <= max_time, force, forbid)
     assert ends is not None  # no work limit
     return ends[0]
 
@@ -186,7 +185,14 @@ def _branch_value(problem: Problem, fast: _Point, lean: _Point) -> int:
 
 
 def solve(
-    problem: Problem, budget_bytes: int | None, *, effort: float = 1.0, tolerance_ps: int = 0, slack_ps: int = 0
+    problem: Problem,
+    budget_bytes: int | None,
+    *,
+    effort: float = 1.0,
+    tolerance_ps: int = 0,
+    slack_ps: int = 0,
+    force_saved: frozenset[int] = frozenset(),
+    forbid_saved: frozenset[int] = frozenset(),
 ) -> Plan:
     """The least-time plan with saved bytes <= ``budget_bytes`` (None: no cap).
 
@@ -207,12 +213,15 @@ def solve(
     cost model's accuracy).  The same rule with and without a cap keeps the
     saved bytes monotone in the budget (when the search finishes): a cap
     above the no-cap plan's bytes never gives a plan that saves more.
+
+    ``force_saved`` values are saved and ``forbid_saved`` values are not, in
+    every plan considered (the peak search pins values this way).
     """
     if effort < 0:
         raise ValueError(f"solve: effort={effort!r} must be >= 0")
     cutter = _Cutter(problem)
-    empty: frozenset[int] = frozenset()
-    root = cutter.relax(budget_bytes, empty, empty)
+    pinned = _Pinned(frozenset(force_saved), frozenset(forbid_saved))
+    root = cutter.relax(budget_bytes, pinned.force, pinned.forbid)
     assert root is not None  # no work limit at the root
     if root.status == "infeasible":
         if root.lean is None:
@@ -224,11 +233,12 @@ def solve(
         )
     if root.status == "optimal":
         assert root.fast is not None
-        best, optimal = _leaner_within_slack(cutter, root.fast, True, slack_ps)
+        best, optimal = _leaner_within_slack(cutter, root.fast, True, slack_ps, pinned)
         return _to_plan(best, "min-cut", cutter, optimal=optimal, lower_bound=root.fast.time, budget_bytes=budget_bytes)
     assert root.fast is not None and root.lean is not None and budget_bytes is not None
-    search = _branch_and_bound(cutter, root, budget_bytes, effort * WORK_PER_EFFORT, tolerance_ps * cutter.scale)
-    best, optimal = _leaner_within_slack(cutter, search.incumbent, search.optimal, slack_ps)
+    work = effort * WORK_PER_EFFORT
+    search = _branch_and_bound(cutter, root, budget_bytes, work, tolerance_ps * cutter.scale, pinned)
+    best, optimal = _leaner_within_slack(cutter, search.incumbent, search.optimal, slack_ps, pinned)
     return _to_plan(
         best,
         "min-cut+branch-and-bound",
@@ -242,14 +252,24 @@ def solve(
     )
 
 
-def _leaner_within_slack(cutter: _Cutter, best: _Point, optimal: bool, slack_ps: int) -> tuple[_Point, bool]:
+@dataclass(frozen=True)
+class _Pinned:
+    """Values every plan of one solve must save (``force``) or must not save (``forbid``)."""
+
+    force: frozenset[int]
+    forbid: frozenset[int]
+
+
+def _leaner_within_slack(
+    cutter: _Cutter, best: _Point, optimal: bool, slack_ps: int, pinned: _Pinned
+) -> tuple[_Point, bool]:
     """The leanest hull plan within ``slack_ps`` of ``best``'s time, if it saves less than ``best``.
 
     A leaner plan saves fewer bytes than ``best``, so it keeps any budget ``best`` keeps.
     """
     if slack_ps <= 0:
         return best, optimal
-    lean = _leanest_within(cutter, best.time + slack_ps)
+    lean = _leanest_within(cutter, best.time + slack_ps, pinned.force, pinned.forbid)
     return (lean, False) if lean.bytes < best.bytes else (best, optimal)
 
 
@@ -264,14 +284,15 @@ class _Search:
         return self.lower_key >= self.incumbent.key
 
 
-def _branch_and_bound(cutter: _Cutter, root: _Relaxation, budget: int, work: float, tolerance: int) -> _Search:
+def _branch_and_bound(
+    cutter: _Cutter, root: _Relaxation, budget: int, work: float, tolerance: int, pinned: _Pinned
+) -> _Search:
     """Best-first branch and bound from the root relaxation, until ``work`` more edges are processed."""
     assert root.lean is not None
     incumbent = _better(root.lean, cutter.mix(root, budget))
     counter = itertools.count()
-    empty: frozenset[int] = frozenset()
     heap: list[tuple[int, int, frozenset[int], frozenset[int], _Relaxation]] = [
-        (root.bound, next(counter), empty, empty, root)
+        (root.bound, next(counter), pinned.force, pinned.forbid, root)
     ]
     nodes = 0
     out_of_work = False

@@ -1,0 +1,369 @@
+"""Predict a plan's peak memory by simulating liveness over plain data.
+
+A training step's peak is the most bytes alive at any moment of its forward
+or its backward, above what was resident before it.  Given a graph of values
+(:class:`PeakGraph`) and a plan's saved and recomputed sets,
+:func:`simulate_peak` replays the two graphs that extraction builds and
+counts the buffers Inductor materialises:
+
+**Forward.**  The forward computes what its outputs need and what the plan
+saves, in graph order.  A value is freed after its last forward use, unless
+it is saved (it lives until the backward's last use) or a forward output.
+
+**Backward.**  The backward runs its own values in graph order from the first
+that reads a tangent, and brings in each recomputed value (with its recomputed
+inputs, in graph order) just before its first use, as torch's
+``reordering_to_mimic_autograd_engine`` does.  The tangents are alive from
+its start.  Every value is freed after its last use,
+except the gradients it produces, which are outputs and stay to the end.
+
+**What materialises.**  A ``BUFFER`` value (a library call, a graph input
+that counts) and a ``REDUCTION`` always allocate their bytes.  A ``FUSIBLE``
+value (pointwise) allocates only if a library call in the same phase reads
+it, or it is saved, or it is an output, or a reduction and another kernel
+read it and its inlined body is bigger than Inductor inlines twice (its
+``realize_reads_threshold`` and ``realize_opcount_threshold``); otherwise
+Inductor computes it inside its consumers, and a read of it is a read of the
+buffers it is computed from.
+``FREE`` values (parameters, the user's inputs, symbolic sizes) live anyway
+and count nothing.
+
+**Where it runs** follows Inductor's fusion: a pointwise value runs in the
+kernel of its first consumer (its inputs stay alive until then), and
+reductions over the same pointwise values share one kernel, placed where the
+last of them is.  At each value the running total is taken after its
+output is allocated and before its dead inputs are freed, since a kernel
+holds both.  The answer
+names the phase and value where the peak happens and the largest buffers
+alive there.  Pure data in, data out: no ``torch.fx`` here (the graph is read
+by :mod:`ckpt.partitioner.peak_analysis`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["Materialise", "PeakGraph", "PeakPrediction", "simulate_peak"]
+
+
+class Materialise(enum.Enum):
+    BUFFER = "buffer"  # always allocates its bytes
+    REDUCTION = "reduction"  # allocates its (small) output; reductions over the same values share a kernel
+    FUSIBLE = "fusible"  # allocates only when a library call reads it, or it is kept
+    FREE = "free"  # lives anyway (parameters, inputs) or has no storage
+
+
+@dataclass(frozen=True)
+class PeakGraph:
+    """Values in topological order, views folded into the values they alias.
+
+    ``backward[i]``: computed by the backward (downstream of the tangents);
+    ``required[i]``: the forward must compute it (for its outputs or side
+    effects), whatever the plan; ``outputs``: forward outputs (alive to the end
+    of the forward); ``gradients``: backward outputs (alive to the end of the
+    backward); ``tangents``: backward inputs, alive from the backward's start.
+    """
+
+    names: tuple[str, ...]
+    bytes: tuple[int, ...]
+    kinds: tuple[Materialise, ...]
+    inputs: tuple[tuple[int, ...], ...]
+    backward: tuple[bool, ...]
+    required: tuple[bool, ...]
+    outputs: frozenset[int]
+    gradients: frozenset[int]
+    tangents: frozenset[int]
+    problem_index: tuple[int, ...] = ()  # the planner's value i is value problem_index[i] here
+
+    def __post_init__(self) -> None:
+        n = len(self.names)
+        for field_name in ("bytes", "kinds", "inputs", "backward", "required"):
+            if len(getattr(self, field_name)) != n:
+                raise ValueError(f"PeakGraph.{field_name} has {len(getattr(self, field_name))} entries, expected {n}")
+        for i, preds in enumerate(self.inputs):
+            if any(not 0 <= p < i for p in preds):
+                raise ValueError(f"PeakGraph.inputs[{i}] ({self.names[i]}) must list earlier values, got {preds}")
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+@dataclass(frozen=True)
+class PeakPrediction:
+    """The predicted peaks, where the higher one happens, and what is alive there."""
+
+    forward_bytes: int
+    backward_bytes: int
+    phase: str  # "forward" or "backward"
+    node: str
+    alive: tuple[tuple[str, int], ...]  # the largest buffers alive at the peak, largest first
+    saved_bytes: int  # materialised bytes of the saved values
+    alive_values: tuple[int, ...] = ()  # every buffer alive at the peak, by value index
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.forward_bytes, self.backward_bytes)
+
+
+@dataclass
+class _Phase:
+    peak: int = 0
+    node: str = ""
+    alive: tuple[tuple[str, int], ...] = ()
+    values: tuple[int, ...] = ()
+
+
+def _forward_order(graph: PeakGraph, saved: frozenset[int]) -> list[int]:
+    """Forward values the forward graph computes: ancestors of what it must produce or save."""
+    keep = bytearray(len(graph))
+    stack = [i for i in range(len(graph)) if not graph.backward[i] and (graph.required[i] or i in saved)]
+    stack += [i for i in graph.outputs if not graph.backward[i]]
+    while stack:
+        i = stack.pop()
+        if keep[i] or graph.backward[i]:
+            continue
+        keep[i] = 1
+        stack.extend(graph.inputs[i])
+    return [i for i in range(len(graph)) if keep[i]]
+
+
+def _backward_order(graph: PeakGraph, recomputed: frozenset[int]) -> list[int]:
+    """The backward's values in the order torch's ``reordering_to_mimic_autograd_engine`` gives.
+
+    From the first value that reads a tangent on, each value in graph order
+    brings in everything it needs that is not there yet (recomputed values
+    and backward values before it), in graph order.
+    """
+    members = {i for i in range(len(graph)) if graph.backward[i] and i not in graph.tangents} | set(recomputed)
+    readers = [i for i in sorted(members) if any(p in graph.tangents for p in graph.inputs[i])]
+    if not readers:
+        return sorted(members)
+    order: list[int] = []
+    placed: set[int] = set()
+    for i in range(readers[0], len(graph)):
+        if i not in members or i in placed:
+            continue
+        needed: set[int] = set()
+        stack = [i]
+        while stack:
+            value = stack.pop()
+            if value in needed or value in placed:
+                continue
+            needed.add(value)
+            stack.extend(p for p in graph.inputs[value] if p in members)
+        order.extend(sorted(needed))
+        placed |= needed
+    return order
+
+
+# Inductor realises a pointwise value that several kernels read when its inlined body loads
+# more than realize_reads_threshold (4) buffers or has more than realize_opcount_threshold (30)
+# ops; otherwise each consumer recomputes it inline.
+_REALIZE_READS = 4
+_REALIZE_OPS = 30
+
+
+def _heavy(graph: PeakGraph, i: int, members: set[int]) -> bool:
+    """Whether the pointwise chain ending at ``i`` is too big for Inductor to inline twice."""
+    ops: set[int] = set()
+    leaves: set[int] = set()
+    stack = [i]
+    while stack:
+        value = stack.pop()
+        if value in ops:
+            continue
+        ops.add(value)
+        for p in graph.inputs[value]:
+            if p in members and graph.kinds[p] is Materialise.FUSIBLE:
+                stack.append(p)
+            elif graph.kinds[p] is not Materialise.FREE:
+                leaves.add(p)
+        if len(ops) > _REALIZE_OPS or len(leaves) > _REALIZE_READS:
+            return True
+    return False
+
+
+def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -> set[int]:
+    """The values of ``order`` that allocate in this phase."""
+    members = set(order)
+    consumers: dict[int, int] = {}
+    for i in order:
+        for p in graph.inputs[i]:
+            consumers[p] = consumers.get(p, 0) + 1
+    result = {i for i in kept if graph.kinds[i] is not Materialise.FREE}
+    for i in order:
+        kind = graph.kinds[i]
+        if kind is Materialise.BUFFER or kind is Materialise.REDUCTION:
+            result.add(i)
+        for p in graph.inputs[i]:
+            if p not in members or graph.kinds[p] is not Materialise.FUSIBLE:
+                continue
+            library_input = kind is Materialise.BUFFER
+            realised = kind is Materialise.REDUCTION and consumers[p] > 1 and _heavy(graph, p, members)
+            if library_input or realised:
+                result.add(p)
+    return result
+
+
+def _sources(graph: PeakGraph, i: int, members: set[int]) -> set[int]:
+    """The largest pointwise values a reduction at ``i`` reads, directly or through one pointwise op.
+
+    Two levels cover a reduction of ``g`` and of ``g * x``; deeper chains reach
+    the residual stream, which every layer's reductions share.  Only the
+    largest count: small operands (scalars, statistics) are shared by
+    unrelated kernels.
+    """
+    found: set[int] = set()
+    for p in graph.inputs[i]:
+        if p in members and graph.kinds[p] is Materialise.FUSIBLE:
+            found.add(p)
+            found.update(q for q in graph.inputs[p] if q in members and graph.kinds[q] is Materialise.FUSIBLE)
+    largest = max((graph.bytes[v] for v in found), default=0)
+    return {v for v in found if graph.bytes[v] == largest and largest > 0}
+
+
+def _join_sibling_reductions(graph: PeakGraph, order: list[int]) -> list[int]:
+    """Move each reduction to its last sibling (a reduction over a shared pointwise value).
+
+    Inductor computes reductions over the same values in one kernel, so the
+    earlier ones wait for the later ones' inputs.  A reduction never moves past
+    a value that reads it.
+    """
+    members = set(order)
+    position = {v: k for k, v in enumerate(order)}
+    readers: dict[int, int] = {}
+    for k, v in enumerate(order):
+        for p in graph.inputs[v]:
+            readers.setdefault(p, k)
+    reductions = [v for v in order if graph.kinds[v] is Materialise.REDUCTION]
+    sources = {r: _sources(graph, r, members) for r in reductions}
+    target: dict[int, int] = {}
+    for r in reductions:
+        last = max((position[o] for o in reductions if sources[o] & sources[r]), default=position[r])
+        limit = readers.get(r, len(order)) - 1
+        target[r] = max(position[r], min(last, limit))
+    return sorted(order, key=lambda v: (target.get(v, position[v]), v not in target, position[v]))
+
+
+def _fuse_into_consumers(graph: PeakGraph, order: Sequence[int]) -> list[int]:
+    """``order`` with each pointwise value moved to just before its first consumer in the phase.
+
+    Inductor computes a pointwise value inside the kernel of its consumer, so
+    it runs (and its inputs stay alive) until that kernel, not at its own place
+    in the graph.  Chains of pointwise values move together, in graph order.
+    """
+    order = _join_sibling_reductions(graph, list(order))
+    members = set(order)
+    position = {v: k for k, v in enumerate(order)}
+    consumed: set[int] = set()
+    for i in order:
+        consumed.update(p for p in graph.inputs[i] if p in members)
+    deferred = {i for i in order if graph.kinds[i] is Materialise.FUSIBLE and i in consumed}
+    result: list[int] = []
+    placed: set[int] = set()
+    for i in order:
+        if i in deferred:
+            continue
+        pending: set[int] = set()
+        stack = [p for p in graph.inputs[i] if p in deferred and p not in placed]
+        while stack:
+            value = stack.pop()
+            if value in pending:
+                continue
+            pending.add(value)
+            stack.extend(p for p in graph.inputs[value] if p in deferred and p not in placed)
+        result.extend(sorted(pending, key=position.__getitem__))
+        placed |= pending
+        result.append(i)
+        placed.add(i)
+    result.extend(v for v in order if v in deferred and v not in placed)
+    return result
+
+
+def _buffer_reads(
+    graph: PeakGraph, order: Sequence[int], buffers: set[int], available: set[int]
+) -> dict[int, set[int]]:
+    """For each value of ``order``: the buffers its kernel reads, looking through fused values."""
+    reads: dict[int, set[int]] = {}
+    for i in order:
+        found: set[int] = set()
+        for p in graph.inputs[i]:
+            if p in buffers or p in available:
+                found.add(p)
+            elif p in reads:
+                found |= reads[p]
+        reads[i] = found
+    return reads
+
+
+def _run(
+    graph: PeakGraph,
+    order: Sequence[int],
+    buffers: set[int],
+    start: Iterable[int],
+    keep: set[int],
+    reads: dict[int, set[int]],
+) -> tuple[_Phase, set[int]]:
+    """Allocate and free along ``order``; the phase's peak and what is alive at its end."""
+    last_use: dict[int, int] = {}
+    for position, i in enumerate(order):
+        for b in reads[i]:
+            last_use[b] = position
+    alive = set(start)
+    total = sum(graph.bytes[b] for b in alive)
+    phase = _Phase(total, graph.names[order[0]] if order else "", ())
+    for b in sorted(alive):
+        if b not in keep and b not in last_use:
+            alive.discard(b)
+            total -= graph.bytes[b]
+    for position, i in enumerate(order):
+        if i in buffers and i not in alive:
+            alive.add(i)
+            total += graph.bytes[i]
+        if total > phase.peak or not phase.alive:
+            largest = sorted(alive, key=lambda b: (-graph.bytes[b], b))
+            named = tuple((graph.names[b], graph.bytes[b]) for b in largest[:8])
+            phase = _Phase(total, graph.names[i], named, tuple(sorted(alive)))
+        for b in sorted(reads[i] | ({i} if i in buffers else set())):
+            if b in alive and b not in keep and last_use.get(b, -1) <= position:
+                alive.discard(b)
+                total -= graph.bytes[b]
+    return phase, alive
+
+
+def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[int]) -> PeakPrediction:
+    """The forward and backward peaks of the plan that saves ``saved`` and recomputes ``recomputed``.
+
+    Indices are values of ``graph``.  Bytes are above what is resident before
+    the forward starts.
+    """
+    saved_set = frozenset(saved)
+    recomputed_set = frozenset(recomputed)
+    forward = _fuse_into_consumers(graph, _forward_order(graph, saved_set))
+    forward_kept = saved_set | {i for i in graph.outputs if not graph.backward[i]}
+    f_buffers = _materialised(graph, forward, forward_kept)
+    f_reads = _buffer_reads(graph, forward, f_buffers, set())
+    f_phase, _ = _run(graph, forward, f_buffers, (), set(forward_kept), f_reads)
+
+    backward = _fuse_into_consumers(graph, _backward_order(graph, recomputed_set))
+    start = {i for i in saved_set if graph.kinds[i] is not Materialise.FREE}
+    start |= {i for i in graph.tangents if graph.kinds[i] is not Materialise.FREE}
+    b_buffers = _materialised(graph, backward, graph.gradients)
+    b_reads = _buffer_reads(graph, backward, b_buffers, start)
+    b_phase, _ = _run(graph, backward, b_buffers, start, set(graph.gradients), b_reads)
+
+    if b_phase.peak > f_phase.peak:
+        phase_name, top = "backward", b_phase
+    else:
+        phase_name, top = "forward", f_phase
+    return PeakPrediction(
+        forward_bytes=f_phase.peak,
+        backward_bytes=b_phase.peak,
+        phase=phase_name,
+        node=top.node,
+        alive=top.alive,
+        saved_bytes=sum(graph.bytes[i] for i in saved_set if graph.kinds[i] is not Materialise.FREE),
+        alive_values=top.values,
+    )

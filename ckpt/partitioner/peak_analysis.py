@@ -1,0 +1,124 @@
+"""From an AOTAutograd joint graph and its analysis to a plain-data :class:`PeakGraph`.
+
+The graph is read once; :mod:`ckpt.partitioner.peak` then simulates any plan
+on the result without touching ``torch.fx``.
+
+* **Values** are the joint graph's nodes with views folded into the value they
+  alias (the analysis's ``root_names``), in graph order.
+* **Phase.** A call is in the backward exactly when the analysis did not put
+  it in the forward (``forward_names``); tangent placeholders are backward
+  inputs.  The forward must compute the ancestors of its outputs.
+* **What materialises** follows the cost model's op kinds (:class:`OpKind`):
+  pointwise ops (``FUSIBLE``, ``RANDOM``: Inductor generates random numbers
+  inside its loops) fuse unless a reduction or library call needs them;
+  reductions and everything else (library calls, collectives, mutations,
+  multi-output ops' outputs) allocate.  Parameters and the user's inputs live
+  anyway and count nothing; tangents count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ckpt import _torch_compat as compat
+from ckpt.cost_model.node_cost import SizeEvaluator, storage_bytes_expr
+from ckpt.cost_model.ops import OpKind
+from ckpt.partitioner.analysis import JointAnalysis
+from ckpt.partitioner.peak import Materialise, PeakGraph, PeakPrediction, simulate_peak
+from ckpt.partitioner.plan import Plan
+
+__all__ = ["build_peak_graph", "describe", "predict_plan"]
+
+_FUSED_KINDS = (OpKind.FUSIBLE, OpKind.RANDOM)
+
+
+def _is_reduction(node: fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.reduction in target.tags
+
+
+def _kind(node: fx.Node, analysis: JointAnalysis, backward: bool) -> Materialise:
+    value = node.meta.get("val")
+    if node.op == "placeholder":
+        return Materialise.BUFFER if backward and isinstance(value, torch.Tensor) else Materialise.FREE
+    if node.op != "call_function":
+        return Materialise.FREE
+    if isinstance(value, (tuple, list)):
+        return Materialise.BUFFER  # its outputs allocate where they are picked out
+    if not isinstance(value, torch.Tensor):
+        return Materialise.FREE
+    estimate = analysis.estimates.get(node.name)
+    if estimate is not None and estimate.kind in _FUSED_KINDS:
+        return Materialise.REDUCTION if _is_reduction(node) else Materialise.FUSIBLE
+    return Materialise.BUFFER
+
+
+def _nbytes(node: fx.Node, sizes: SizeEvaluator) -> int:
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        return 0
+    return sizes(storage_bytes_expr(value))
+
+
+def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_outputs: int) -> PeakGraph:
+    """The plain-data peak graph of ``joint``, with ``problem_index`` mapping the analysis's values."""
+    sizes = SizeEvaluator(analysis.size_hints)
+    roots = analysis.root_names
+    nodes = [n for n in joint.graph.nodes if n.op != "output" and n.name not in roots]
+    index = {n.name: i for i, n in enumerate(nodes)}
+
+    def value_of(node: fx.Node) -> int:
+        return index[roots.get(node.name, node.name)]
+
+    backward = [
+        (n.op == "placeholder" and compat.is_tangent(n))
+        or (n.op == "call_function" and n.name not in analysis.forward_names)
+        for n in nodes
+    ]
+    inputs = [tuple(sorted({value_of(a) for a in n.all_input_nodes})) for n in nodes]
+    fwd_outputs, bwd_outputs = compat.fwd_bwd_outputs(joint, num_fwd_outputs)
+    outputs = frozenset(value_of(n) for n in fwd_outputs if isinstance(n, fx.Node))
+    gradients = frozenset(value_of(n) for n in bwd_outputs if isinstance(n, fx.Node))
+    required = [False] * len(nodes)
+    stack = [i for i in outputs if not backward[i]]
+    stack += [i for i, n in enumerate(nodes) if n.op == "call_function" and compat.must_be_in_forward(n)]
+    while stack:
+        i = stack.pop()
+        if required[i] or backward[i]:
+            continue
+        required[i] = True
+        stack.extend(inputs[i])
+    kinds = [_kind(n, analysis, backward[i]) for i, n in enumerate(nodes)]
+    return PeakGraph(
+        names=tuple(n.name for n in nodes),
+        bytes=tuple(_nbytes(n, sizes) for n in nodes),
+        kinds=tuple(kinds),
+        inputs=tuple(inputs),
+        backward=tuple(backward),
+        required=tuple(required),
+        outputs=outputs,
+        gradients=gradients,
+        tangents=frozenset(i for i, n in enumerate(nodes) if n.op == "placeholder" and backward[i]),
+        problem_index=tuple(index[name] for name in analysis.problem.names),
+    )
+
+
+def predict_plan(graph: PeakGraph, plan: Plan) -> PeakPrediction:
+    """The predicted peak of ``plan``, whose indices are the analysis's problem values."""
+    mapping = graph.problem_index
+    return simulate_peak(graph, (mapping[i] for i in plan.saved), (mapping[i] for i in plan.recomputed))
+
+
+def describe(prediction: PeakPrediction) -> dict[str, Any]:
+    """The prediction as plain JSON-ready data, for reports."""
+    return {
+        "peak_bytes": prediction.peak_bytes,
+        "forward_bytes": prediction.forward_bytes,
+        "backward_bytes": prediction.backward_bytes,
+        "phase": prediction.phase,
+        "node": prediction.node,
+        "alive": [list(item) for item in prediction.alive],
+    }

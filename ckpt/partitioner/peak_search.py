@@ -1,0 +1,200 @@
+"""Plans that bound the step's peak: a greedy repair walk over the exact solver.
+
+The solver minimises time under a cap on *saved* bytes; what runs out of
+memory is the *peak* (:mod:`ckpt.partitioner.peak`).  The two are related but
+not monotone: below a certain budget no block boundary is saved, so
+recomputing the last block recomputes every block before it, and each stays
+alive for its own backward.  On a chain, saving segment boundaries lets each
+segment be recomputed alone (Chen's sqrt(n) schedule); the walk finds such
+boundaries itself:
+
+1. solve under the budget; simulate the plan's peak;
+2. among the recomputed values alive at the peak (the working set), pick the
+   one whose saving lowers the simulated peak most per byte saved (ties by
+   index), and pin it saved;
+3. re-solve under the budget with every pinned value saved (the solver
+   chooses what else to drop to stay within the budget), and repeat.
+
+Each step pins one more value, so the walk is a fixed sequence of plans for a
+given problem and budget, whatever the cap.  :func:`cap_peak` stops at the
+first plan whose peak is within the cap (along the walk time only grows, so
+it is also the fastest found), which makes the predicted peak monotone in the
+cap: a smaller cap walks further.  :func:`lowest_peak_within` applies the
+budget-alone rule: among the walk's plans within the budget and a time limit
+(the 1% slack), the lowest peak.  The walk stops when no alive value lowers
+the peak, when the peak is in the forward (saving more cannot lower it), when
+pinned values alone exceed the budget, or after ``max_steps``.
+
+Plain data only: the solver is passed in as a function.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ckpt.partitioner.peak import PeakGraph, PeakPrediction, simulate_peak
+from ckpt.partitioner.plan import Plan
+from ckpt.partitioner.problem import Problem, recompute_closure
+
+__all__ = ["PeakSearchResult", "SolveFn", "cap_peak", "lowest_peak_within", "peak_walk"]
+
+log = logging.getLogger(__name__)
+
+# (budget_bytes, force_saved) -> plan
+SolveFn = Callable[[int | None, frozenset[int]], Plan]
+
+MAX_STEPS = 64  # pinned values per graph; each step costs one solve
+MAX_CANDIDATES = 64  # values tried per step, largest first
+
+
+@dataclass(frozen=True)
+class PeakSearchResult:
+    """The chosen plan, its predicted peak, and how the search went."""
+
+    plan: Plan
+    prediction: PeakPrediction
+    within_cap: bool  # the peak is within the cap (always true without a cap)
+    start_peak: int  # predicted peak of the solver's plan before any pinning
+    lowest_peak: int  # the lowest predicted peak the walk reached
+    steps: int  # plans the walk produced after the first
+
+
+def _predict(graph: PeakGraph, plan: Plan) -> PeakPrediction:
+    mapping = graph.problem_index
+    return simulate_peak(graph, (mapping[i] for i in plan.saved), (mapping[i] for i in plan.recomputed))
+
+
+def _best_pin(problem: Problem, graph: PeakGraph, plan: Plan, prediction: PeakPrediction) -> int | None:
+    """The recomputed value alive at the peak whose saving lowers the peak most per byte."""
+    if prediction.phase != "backward":
+        return None
+    back = {v: i for i, v in enumerate(graph.problem_index)}
+    recomputed = set(plan.recomputed)
+    alive = [back[v] for v in prediction.alive_values if v in back]
+    candidates = [i for i in alive if i in recomputed and problem.can_save[i]]
+    candidates.sort(key=lambda i: (-problem.save_bytes[i], i))
+    best: tuple[float, int] | None = None
+    saved = set(plan.saved)
+    mapping = graph.problem_index
+    for i in candidates[:MAX_CANDIDATES]:
+        trial = saved | {i}
+        rest = recompute_closure(problem, trial)
+        peak = simulate_peak(graph, (mapping[j] for j in trial), (mapping[j] for j in rest)).peak_bytes
+        gain = prediction.peak_bytes - peak
+        if gain <= 0:
+            continue
+        score = gain / max(problem.save_bytes[i], 1)
+        if best is None or score > best[0]:
+            best = (score, i)
+    return None if best is None else best[1]
+
+
+def peak_walk(
+    problem: Problem,
+    graph: PeakGraph,
+    solve_fn: SolveFn,
+    budget_bytes: int | None,
+    peak_cap: int | None = None,
+    max_steps: int = MAX_STEPS,
+) -> Iterator[tuple[Plan, PeakPrediction]]:
+    """The walk's plans and their predicted peaks, starting with the solver's own plan.
+
+    With ``peak_cap``, a plan whose peak no pin lowers (it is in the forward,
+    or what is alive there is saved) is answered by a tighter byte budget,
+    pinned values kept: its saved bytes less the excess over the cap when the
+    peak is in the forward, less a quarter of it when in the backward (where
+    dropping a saved value may add recompute working set, so step gently).
+    """
+    pinned: frozenset[int] = frozenset()
+    budget = budget_bytes
+    plan = solve_fn(budget, pinned)
+    prediction = _predict(graph, plan)
+    yield plan, prediction
+    for _ in range(max_steps):
+        if plan.over_budget:
+            return
+        if peak_cap is not None and prediction.peak_bytes <= peak_cap:
+            return
+        pin = _best_pin(problem, graph, plan, prediction)
+        if pin is not None:
+            pinned = pinned | {pin}
+            log.debug("peak walk: pinned %s", problem.names[pin])
+        elif peak_cap is not None and plan.bytes > 0:
+            # The forward holds every saved byte, so a forward peak needs the whole excess dropped.
+            excess = prediction.peak_bytes - peak_cap
+            excess = excess if prediction.phase == "forward" else excess // 4
+            budget = max(0, plan.bytes - max(1, excess))
+        else:
+            return
+        plan = solve_fn(budget, pinned)
+        prediction = _predict(graph, plan)
+        log.debug(
+            "peak walk: peak %d bytes in the %s, %d saved bytes", prediction.peak_bytes, prediction.phase, plan.bytes
+        )
+        yield plan, prediction
+
+
+def _within_budget(plan: Plan, budget_bytes: int | None) -> bool:
+    return budget_bytes is None or plan.bytes <= budget_bytes
+
+
+def cap_peak(
+    problem: Problem, graph: PeakGraph, solve_fn: SolveFn, budget_bytes: int | None, peak_cap: int
+) -> PeakSearchResult:
+    """The first plan of the walk whose predicted peak is within ``peak_cap`` (and the budget).
+
+    If no plan of the walk is, the plan with the lowest peak (the earliest
+    among equals) among those within the budget, if any is, with
+    ``within_cap`` false: the budget is kept before the peak is lowered.
+    """
+    start: int | None = None
+    lowest: tuple[Plan, PeakPrediction] | None = None
+    steps = -1
+    for plan, prediction in peak_walk(problem, graph, solve_fn, budget_bytes, peak_cap):
+        steps += 1
+        if start is None:
+            start = prediction.peak_bytes
+        within_budget = _within_budget(plan, budget_bytes)
+        if prediction.peak_bytes <= peak_cap and within_budget:
+            low = min(prediction.peak_bytes, lowest[1].peak_bytes if lowest else prediction.peak_bytes)
+            return PeakSearchResult(plan, prediction, True, start, low, steps)
+        if lowest is None or _better_fallback(plan, prediction, lowest, budget_bytes):
+            lowest = (plan, prediction)
+    assert lowest is not None and start is not None
+    return PeakSearchResult(lowest[0], lowest[1], False, start, lowest[1].peak_bytes, steps)
+
+
+def _better_fallback(
+    plan: Plan, prediction: PeakPrediction, current: tuple[Plan, PeakPrediction], budget_bytes: int | None
+) -> bool:
+    """Within the budget beats over it; then the lower peak wins."""
+    within, current_within = _within_budget(plan, budget_bytes), _within_budget(current[0], budget_bytes)
+    if within != current_within:
+        return within
+    return prediction.peak_bytes < current[1].peak_bytes
+
+
+def lowest_peak_within(
+    problem: Problem, graph: PeakGraph, solve_fn: SolveFn, budget_bytes: int | None, max_time: int
+) -> PeakSearchResult:
+    """Among the walk's plans within the budget and ``max_time``, the one with the lowest peak.
+
+    The walk's first plan is the solver's; the walk stops at the first plan
+    slower than ``max_time`` (pinning more only adds constraints).
+    """
+    best: tuple[Plan, PeakPrediction] | None = None
+    steps = -1
+    for plan, prediction in peak_walk(problem, graph, solve_fn, budget_bytes):
+        steps += 1
+        if best is None:  # the solver's own plan
+            best = (plan, prediction)
+            start = prediction.peak_bytes
+            continue
+        if plan.time > max_time:
+            break
+        if _within_budget(plan, budget_bytes) and prediction.peak_bytes < best[1].peak_bytes:
+            best = (plan, prediction)
+    assert best is not None
+    return PeakSearchResult(best[0], best[1], True, start, best[1].peak_bytes, steps)

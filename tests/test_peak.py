@@ -1,0 +1,262 @@
+"""The peak simulator on tiny hand-written graphs, and the measured peak helper."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ckpt.measure import peak_memory
+from ckpt.partitioner.peak import Materialise, PeakGraph, simulate_peak
+from ckpt.partitioner.peak_search import cap_peak, lowest_peak_within
+from ckpt.partitioner.plan import Plan
+from ckpt.partitioner.problem import Problem
+from ckpt.partitioner.solver import solve
+
+B, F, X = Materialise.BUFFER, Materialise.FUSIBLE, Materialise.FREE
+
+
+def chain(layers: int, size: int = 10, fused: bool = False) -> PeakGraph:
+    """``x -> h1 -> ... -> hn -> loss`` and its backward ``g_n -> ... -> g_1``, each g_k reading h_k.
+
+    Values: 0 is the input x; 1..n the activations; n+1 the loss; n+2 the
+    tangent; then one gradient per layer, last layer first (g_k reads h_k and
+    the gradient after it).  The weight gradients are the outputs: each g_k
+    also produces a 1-byte ``w_k`` gradient.
+    """
+    names = ["x"] + [f"h{k}" for k in range(1, layers + 1)] + ["loss", "tangent"]
+    sizes = [0] + [size] * layers + [1, 1]
+    kinds = [X] + [F if fused else B for k in range(1, layers + 1)] + [B, B]
+    inputs: list[tuple[int, ...]] = [()] + [(k - 1,) for k in range(1, layers + 1)] + [(layers,), ()]
+    backward = [False] * (layers + 2) + [True]
+    gradients = []
+    previous = layers + 2  # the tangent
+    for k in range(layers, 0, -1):
+        names += [f"g{k}", f"w{k}"]
+        sizes += [size, 1]
+        kinds += [B, B]
+        inputs += [(k, previous), (k - 1, previous) if k > 1 else (previous,)]
+        backward += [True, True]
+        previous = len(names) - 2
+        gradients.append(len(names) - 1)
+    return PeakGraph(
+        names=tuple(names),
+        bytes=tuple(sizes),
+        kinds=tuple(kinds),
+        inputs=tuple(inputs),
+        backward=tuple(backward),
+        required=tuple(i <= layers + 1 for i in range(len(names))),
+        outputs=frozenset({layers + 1}),
+        gradients=frozenset(gradients),
+        tangents=frozenset({layers + 2}),
+    )
+
+
+def test_saving_everything_holds_every_activation() -> None:
+    graph = chain(4)
+    prediction = simulate_peak(graph, saved=range(1, 5), recomputed=())
+    # forward: h1..h4 saved, then the loss
+    assert prediction.forward_bytes == 4 * 10 + 1
+    # backward: saved 40 + tangent 1 + g4 (10); then h4 and the tangent die ...
+    assert prediction.backward_bytes == 40 + 1 + 10
+    assert prediction.phase == "backward"
+    assert prediction.node == "g4"
+    assert prediction.alive[0][1] == 10
+
+
+def test_recomputing_everything_rebuilds_the_chain_just_in_time() -> None:
+    graph = chain(4)
+    prediction = simulate_peak(graph, saved=(), recomputed=range(1, 5))
+    # h1..h4 are recomputed before g4; each h_k stays until g_k reads it, so the
+    # working set is the whole chain again.
+    assert prediction.backward_bytes == 1 + 40 + 10
+    # the forward frees each activation after its use: two alive at once, then the loss
+    assert prediction.forward_bytes == 20
+
+
+def test_saving_segment_boundaries_bounds_the_working_set() -> None:
+    graph = chain(8)
+    everything = simulate_peak(graph, saved=(), recomputed=range(1, 9))
+    # save h4: the backward recomputes h5..h8 first, then h1..h3 only when g4 is done
+    boundary = simulate_peak(graph, saved=(4,), recomputed=(1, 2, 3, 5, 6, 7, 8))
+    assert boundary.backward_bytes < everything.backward_bytes
+    assert boundary.backward_bytes == 10 + 1 + 40 + 10  # h4, tangent, h5..h8, g8
+
+
+def test_fused_values_allocate_nothing_and_extend_their_inputs() -> None:
+    graph = chain(4, fused=True)  # pointwise layers: h1 and h3 fuse into h2 and h4
+    prediction = simulate_peak(graph, saved=(2, 4), recomputed=(1, 3))
+    assert prediction.forward_bytes == 2 * 10 + 1  # only the saved h2 and h4, then the loss
+    # the backward's library calls read h1 and h3, so there they are materialised
+    assert prediction.backward_bytes == 4 * 10 + 1  # at g3: h2, the recomputed h3, g4, g3 and w4
+
+
+def test_a_pointwise_value_runs_in_its_consumers_kernel() -> None:
+    # c = a + b is pointwise and read by the library call e, which runs after d:
+    # Inductor computes c inside e's input kernel, so a and b live until then.
+    graph = PeakGraph(
+        names=("a", "b", "c", "d", "e"),
+        bytes=(10, 10, 10, 10, 10),
+        kinds=(B, B, F, B, B),
+        inputs=((), (), (0, 1), (), (2, 3)),
+        backward=(False,) * 5,
+        required=(True,) * 5,
+        outputs=frozenset({4}),
+        gradients=frozenset(),
+        tangents=frozenset(),
+    )
+    prediction = simulate_peak(graph, saved=(), recomputed=())
+    assert prediction.forward_bytes == 40  # a, b, d and c together
+    assert prediction.node == "c"
+
+
+def test_gradients_stay_alive_to_the_end() -> None:
+    graph = chain(3)
+    prediction = simulate_peak(graph, saved=(1, 2, 3), recomputed=())
+    # all three weight gradients (1 byte each) are alive at g1
+    assert prediction.backward_bytes >= 3
+
+
+def test_peak_graph_rejects_forward_references() -> None:
+    with pytest.raises(ValueError, match="inputs"):
+        PeakGraph(
+            names=("a", "b"),
+            bytes=(1, 1),
+            kinds=(B, B),
+            inputs=((1,), ()),
+            backward=(False, False),
+            required=(True, True),
+            outputs=frozenset(),
+            gradients=frozenset(),
+            tangents=frozenset(),
+        )
+
+
+def test_peak_memory_counts_what_the_step_holds_at_once() -> None:
+    n = 1 << 18  # 1 MiB of float32
+    x = torch.randn(n)
+
+    def step() -> None:
+        a = x * 2
+        b = a * 3
+        c = b * 4  # a, b and c alive together
+        del a, b, c
+
+    peak = peak_memory(step)
+    assert peak.device == "cpu"
+    assert 3 * 4 * n <= peak.bytes < 4 * 4 * n
+
+
+def test_peak_memory_rejects_other_devices() -> None:
+    with pytest.raises(ValueError, match="device='meta'"):
+        peak_memory(lambda: None, device="meta")
+
+
+# ---------------------------------------------------------------- the peak search on a chain
+
+
+def chain_problem(layers: int, size: int = 10) -> tuple[Problem, PeakGraph]:
+    """The planner's view of :func:`chain`: the backward reads every activation; each costs 1 to recompute."""
+    graph = chain(layers, size)
+    n = layers + 1
+    problem = Problem(
+        names=graph.names[:n],
+        inputs=tuple(graph.inputs[:n]),
+        needed=(False,) + (True,) * layers,
+        save_bytes=(0,) + (size,) * layers,
+        save_time=(0,) * n,
+        recompute_time=(0,) + (1,) * layers,
+        can_save=(True,) * n,
+        can_recompute=(False,) + (True,) * layers,
+    )
+    graph = PeakGraph(**{**graph.__dict__, "problem_index": tuple(range(n))})
+    return problem, graph
+
+
+def solver_for(problem: Problem):
+    def solve_pinned(budget: int | None, force: frozenset[int]) -> Plan:
+        return solve(problem, budget, force_saved=force)
+
+    return solve_pinned
+
+
+def predicted(graph: PeakGraph, plan: Plan) -> int:
+    return simulate_peak(graph, plan.saved, plan.recomputed).peak_bytes
+
+
+def test_cap_is_kept_by_saving_segment_boundaries() -> None:
+    problem, graph = chain_problem(9)
+    everything = predicted(graph, solve(problem, 0))  # recompute all: the whole chain again
+    # two or three boundaries: about 60 bytes saved and alive, against 101
+    cap = 65
+    result = cap_peak(problem, graph, solver_for(problem), None, peak_cap=cap)
+    assert everything > 100
+    assert result.within_cap
+    assert result.prediction.peak_bytes <= cap
+    assert predicted(graph, result.plan) == result.prediction.peak_bytes
+
+
+def test_cap_under_a_budget_stays_within_the_budget() -> None:
+    problem, graph = chain_problem(9)
+    start = predicted(graph, solve(problem, 20))
+    result = cap_peak(problem, graph, solver_for(problem), 20, peak_cap=start - 20)
+    assert result.plan.bytes <= 20
+    assert result.within_cap and result.prediction.peak_bytes <= start - 20
+
+
+def test_a_smaller_cap_never_gives_a_higher_peak() -> None:
+    problem, graph = chain_problem(12)
+    solve_pinned = solver_for(problem)
+    peaks = [
+        cap_peak(problem, graph, solve_pinned, 30, peak_cap=cap).prediction.peak_bytes for cap in range(160, 30, -10)
+    ]
+    assert peaks == sorted(peaks, reverse=True)
+
+
+def test_unreachable_cap_returns_the_lowest_peak_and_says_so() -> None:
+    problem, graph = chain_problem(6)
+    result = cap_peak(problem, graph, solver_for(problem), None, peak_cap=1)
+    assert not result.within_cap
+    assert result.prediction.peak_bytes == result.lowest_peak > 1
+
+
+def test_an_unreachable_cap_under_a_budget_keeps_the_budget() -> None:
+    problem, graph = chain_problem(9)
+    result = cap_peak(problem, graph, solver_for(problem), 10, peak_cap=1)
+    assert not result.within_cap
+    assert result.plan.bytes <= 10
+
+
+def test_budget_alone_takes_the_lowest_peak_among_equally_fast_plans() -> None:
+    problem, graph = chain_problem(9)
+    solve_pinned = solver_for(problem)
+    plain = solve(problem, 30)
+    result = lowest_peak_within(problem, graph, solve_pinned, 30, max_time=plain.time)
+    assert result.plan.bytes <= 30 and result.plan.time <= plain.time
+    assert result.prediction.peak_bytes <= predicted(graph, plain)
+
+
+@given(
+    layers=st.integers(2, 14),
+    budget=st.one_of(st.none(), st.integers(0, 140)),
+    caps=st.lists(st.integers(0, 200), min_size=2, max_size=4),
+)
+def test_cap_search_keeps_the_cap_or_says_so_and_is_monotone(layers, budget, caps) -> None:
+    problem, graph = chain_problem(layers)
+    solve_pinned = solver_for(problem)
+    peaks = []
+    for cap in sorted(caps, reverse=True):
+        result = cap_peak(problem, graph, solve_pinned, budget, peak_cap=cap)
+        assert result.prediction.peak_bytes == predicted(graph, result.plan)
+        if result.within_cap:
+            assert result.prediction.peak_bytes <= cap
+            assert budget is None or result.plan.bytes <= budget
+        else:
+            assert result.prediction.peak_bytes == result.lowest_peak
+            if budget is None:
+                assert result.lowest_peak <= result.start_peak
+            elif solve(problem, budget).bytes <= budget:
+                assert result.plan.bytes <= budget
+        peaks.append(result.prediction.peak_bytes)
+    assert peaks == sorted(peaks, reverse=True)
