@@ -407,6 +407,11 @@ def test_explain_end_to_end(tmp_path):
     (graph,) = report.graphs
     assert graph.fallback_reason is None and graph.plans["torch_default"] is not None
     assert graph.recomputed and graph.saved and graph.solver.lambda_ps_per_byte > 0
+    # The step's peak: predicted per graph, measured on a second step, both in the report.
+    assert graph.peak is not None and graph.peak["phase"] in ("forward", "backward")
+    assert report.measured_peak_bytes is not None and report.measured_peak_bytes >= report.measured_bytes
+    assert report.to_dict()["measured_peak_bytes"] == report.measured_peak_bytes
+    assert "Step peak:" in str(report) and "Predicted peak" in str(report)
     # Every saved activation points at the user's line that computed it.
     lines = {f"test_explain.py:{_line_of('SOURCE-UP')} ", f"test_explain.py:{_line_of('SOURCE-DOWN')} "}
     activations = [t for t in graph.saved if not t.is_input]

@@ -136,4 +136,19 @@ def explain(
         budget=str(config.budget),
         measured_bytes=saved.bytes,
         loss=LOSS_RULE,
+        measured_peak_bytes=_measured_peak(compiled, model, inputs),
     )
+
+
+def _measured_peak(compiled: Any, model: torch.nn.Module, inputs: list[Any]) -> int | None:
+    """The peak of a second step (the first one compiled), gradients cleared first; None off CPU and CUDA."""
+    from ckpt.measure import peak_memory
+
+    device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    if device.type not in ("cpu", "cuda"):
+        return None
+    model.zero_grad(set_to_none=True)
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            x.grad = None
+    return peak_memory(lambda: loss_of(compiled(model, *inputs)).backward(), device).bytes

@@ -26,6 +26,7 @@ import torch.fx as fx
 from ckpt.cost_model.node_cost import tensor_values
 from ckpt.cost_model.ops import OpKind
 from ckpt.partitioner.analysis import JointAnalysis
+from ckpt.partitioner.peak_analysis import describe
 from ckpt.partitioner.problem import evaluate
 from ckpt.tools.formatting import clip_rows, format_bytes, format_ps, short_source, table
 
@@ -102,6 +103,7 @@ class GraphReport:
     saved: tuple[SavedTensor, ...] = ()
     recomputed: tuple[RecomputedValue, ...] = ()
     backward_only: int = 0  # values the backward computes anyway, at no extra cost
+    peak: dict[str, Any] | None = None  # the plan's predicted peak (ckpt.partitioner.peak_analysis.describe)
 
 
 def describe_value(node: fx.Node) -> dict[str, Any]:
@@ -249,6 +251,7 @@ def graph_report(record: PartitionRecord) -> GraphReport:
         saved=_saved_rows(analysis, plan.saved),
         recomputed=recomputed,
         backward_only=free,
+        peak=None if record.peak is None else describe(record.peak),
     )
 
 
@@ -256,6 +259,18 @@ def graph_report(record: PartitionRecord) -> GraphReport:
 
 
 _PLAN_LABELS = {"ckpt": "ckpt plan", "no_recompute": "no-recompute plan", "torch_default": "torch default partition"}
+
+
+def _peak_markdown(peak: dict[str, Any] | None) -> list[str]:
+    if peak is None:
+        return []
+    alive = ", ".join(f"{name} {format_bytes(nbytes)}" for name, nbytes in peak["alive"][:5])
+    return [
+        f"Predicted peak {format_bytes(peak['peak_bytes'])} in the {peak['phase']} at `{peak['node']}` "
+        f"(forward {format_bytes(peak['forward_bytes'])}, backward {format_bytes(peak['backward_bytes'])}); "
+        f"largest alive there: {alive or '-'}.",
+        "",
+    ]
 
 
 def _graph_markdown(g: GraphReport, max_rows: int | None) -> list[str]:
@@ -287,6 +302,7 @@ def _graph_markdown(g: GraphReport, max_rows: int | None) -> list[str]:
     out += [table(["plan", "saved bytes", "save time", "recompute time", "step time"], rows, {1, 2, 3, 4}), ""]
     if g.torch_default_note:
         out += [f"torch default partition: {g.torch_default_note}.", ""]
+    out += _peak_markdown(g.peak)
     activations = [t for t in g.saved if not t.is_input or t.bytes]
     inputs = len(g.saved) - len(activations)
     out += [
@@ -324,6 +340,13 @@ class ExplainReport:
     budget: str
     measured_bytes: int | None  # None when no step ran (reports written by the backend)
     loss: str | None = None  # how the measured step formed its loss
+    measured_peak_bytes: int | None = None  # a second step's peak above what was resident before it
+
+    @property
+    def predicted_peak_bytes(self) -> int | None:
+        """The highest graph's predicted peak; with several graphs the step also holds the others' saved bytes."""
+        peaks = [g.peak["peak_bytes"] for g in self.graphs if g.peak is not None]
+        return max(peaks) if peaks else None
 
     @property
     def predicted_bytes(self) -> int:
@@ -361,6 +384,8 @@ class ExplainReport:
             "predicted_bytes": self.predicted_bytes,
             "measured_bytes": self.measured_bytes,
             "bytes_error": error,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "measured_peak_bytes": self.measured_peak_bytes,
             "predicted_step_seconds": {k: self.predicted_step_seconds(k) for k in _PLAN_LABELS},
             "predicted_plan_bytes": {k: self.predicted_plan_bytes(k) for k in _PLAN_LABELS},
             "graphs": graphs,
@@ -389,6 +414,13 @@ class ExplainReport:
             rows.insert(2, ["measured - predicted", f"{error} B{ratio}", ""])
             out += [table(["", "activation bytes", "step time"], rows, {1, 2}), ""]
             out += [f"The step's loss: {self.loss}.", ""]
+        predicted_peak = self.predicted_peak_bytes
+        if predicted_peak is not None:
+            line = f"Step peak: {format_bytes(predicted_peak)} predicted"
+            if self.measured_peak_bytes is not None:
+                peak_error = 100 * (self.measured_peak_bytes - predicted_peak) / max(predicted_peak, 1)
+                line += f", {format_bytes(self.measured_peak_bytes)} measured ({peak_error:+.1f}%)"
+            out += [line + " (above what is resident before the step; gradients included).", ""]
         for g in self.graphs:
             out += _graph_markdown(g, max_rows)
         return "\n".join(out).rstrip() + "\n"
