@@ -98,6 +98,50 @@ def inductor_lowering_tables() -> tuple[Any, Any, Any] | None:
         return None
 
 
+# --- op tags --------------------------------------------------------------------------
+
+# The aten and prims overloads that carry ``torch.Tag.reduction`` in torch 2.13, for
+# torch 2.9, whose ``torch.Tag`` has no ``reduction`` member.  ``max.other`` and the
+# scalar overloads of ``sum`` or ``any`` are elementwise or not tensor ops at all.
+_REDUCTION_OVERLOADS = frozenset(
+    f"aten.{name}"
+    for name in (
+        "all.default", "all.dim", "all.dims", "all.out", "all.dims_out", "all.all_out",
+        "amax.default", "amax.out", "amin.default", "amin.out", "aminmax.default", "aminmax.out",
+        "any.default", "any.dim", "any.dims", "any.out", "any.dims_out", "any.all_out",
+        "argmax.default", "argmax.out", "argmin.default", "argmin.out",
+        "count_nonzero.default", "count_nonzero.dim_IntList",
+        "linalg_vector_norm.default", "linalg_vector_norm.out", "logsumexp.default", "logsumexp.out",
+        "max.default", "max.dim", "max.dim_max", "max.unary_out",
+        "mean.default", "mean.dim", "mean.out", "mean.dtype_out",
+        "min.default", "min.dim", "min.dim_min", "min.unary_out", "nansum.default", "nansum.out",
+        "norm.Scalar", "norm.ScalarOpt_dim", "norm.ScalarOpt_dim_dtype", "norm.dtype_out", "norm.out",
+        "norm.ScalarOpt_dtype",
+        "prod.default", "prod.dim_int", "prod.int_out",
+        "std.default", "std.dim", "std.correction", "std.correction_out", "std.out",
+        "std_mean.default", "std_mean.dim", "std_mean.correction",
+        "sum.dim_IntList", "sum.default", "sum.IntList_out",
+        "var.default", "var.dim", "var.correction", "var.correction_out", "var.out",
+        "var_mean.default", "var_mean.dim", "var_mean.correction",
+    )
+) | frozenset({"prims.amax.default", "prims.amin.default", "prims.var.default"})
+
+
+def is_reduction_op(target: Any) -> bool:
+    """Whether an op overload reduces over some dimensions (``torch.Tag.reduction``)."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    tag = getattr(torch.Tag, "reduction", None)
+    if tag is not None:
+        return tag in target.tags
+    return str(target) in _REDUCTION_OVERLOADS
+
+
+def is_pointwise_op(target: Any) -> bool:
+    """Whether an op overload is elementwise (``torch.Tag.pointwise``)."""
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
+
+
 # --- FLOP formulas ----------------------------------------------------------------------
 
 # Ops with the same argument layout as one that torch.utils.flop_counter registers.
