@@ -142,6 +142,24 @@ def is_pointwise_op(target: Any) -> bool:
     return isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
 
 
+# --- functional collectives ----------------------------------------------------------
+
+
+def all_gather_autograd(tensor: torch.Tensor, gather_dim: int, group: Any) -> torch.Tensor:
+    """All-gather ``tensor`` along ``gather_dim`` with a reduce-scatter as its backward.
+
+    The differentiable gather that SimpleFSDP-style code calls inside a compiled
+    region.  torch 2.13 names it ``all_gather_single_autograd`` (and deprecates
+    ``all_gather_tensor_autograd``, which 2.9 and 2.11 have instead).
+    """
+    import torch.distributed._functional_collectives as funcol
+
+    gather = getattr(funcol, "all_gather_single_autograd", None)
+    if gather is None:
+        gather = funcol.all_gather_tensor_autograd
+    return funcol.wait_tensor(gather(tensor, gather_dim, group))
+
+
 # --- FLOP formulas ----------------------------------------------------------------------
 
 # Ops with the same argument layout as one that torch.utils.flop_counter registers.
