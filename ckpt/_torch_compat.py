@@ -86,6 +86,23 @@ def inductor_fallback_random() -> bool:
     return bool(inductor_config.fallback_random)
 
 
+def eager_rng_order_patches() -> dict[str, Any]:
+    """Inductor config patches that keep random kernels in program order under ``fallback_random``.
+
+    With ``fallback_random`` Inductor calls eager's random ops, which draw from
+    the global generator in the order they run.  Its peak-memory reordering
+    sees no data dependency between two such calls (a dropout and a
+    ``rand_like``) and may swap them, and then the masks differ from eager's:
+    torch 2.11 does so for some saved sets.  Only that reordering is turned off,
+    and only while ``fallback_random`` is set.
+    """
+    import torch._inductor.config as inductor_config
+
+    if not inductor_fallback_random() or not hasattr(inductor_config, "reorder_for_peak_memory"):
+        return {}
+    return {"reorder_for_peak_memory": False}
+
+
 def inductor_lowering_tables() -> tuple[Any, Any, Any] | None:
     """Inductor's (lowerings, fallbacks, needs_realized_inputs), or None if unavailable."""
     try:

@@ -326,6 +326,7 @@ def ckpt_backend(
     config = CkptConfig.from_sources(options)
     profile = resolve_profile(config, example_inputs)
     patches: dict[str, Any] = dict(compat.inductor_mode_options(mode))
+    patches.update(compat.eager_rng_order_patches())
     patches["custom_partitioner_fn"] = CkptPartitioner(
         config, profile, activation_inputs(example_inputs), len(example_inputs)
     )
