@@ -313,7 +313,11 @@ def prepare_joint(joint_module: fx.GraphModule) -> tuple[fx.GraphModule, bool, b
     has_recompute = partitioners.has_recomputable_ops(joint_module)
     has_recompute_rng = partitioners.has_recomputable_rng_ops(joint_module)
     if has_recompute:
-        joint_module = partitioners.cleanup_recompute_tags(joint_module, is_default_partition=False)
+        cleanup = partitioners.cleanup_recompute_tags
+        if "is_default_partition" in inspect.signature(cleanup).parameters:
+            joint_module = cleanup(joint_module, is_default_partition=False)
+        else:  # torch 2.9
+            joint_module = cleanup(joint_module)
     if not getattr(functorch_config(), "unsafe_allow_optimization_of_collectives", False):
         partitioners.force_save_collectives(joint_module)
     for name in ("force_save_effectful_ops", "force_save_bw_mutation_src"):

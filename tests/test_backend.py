@@ -109,7 +109,7 @@ class PointwiseChain(nn.Module):
 
 def _kernels(code: str) -> dict[str, str]:
     """Generated C++ kernels of one Inductor module, by name."""
-    pattern = r"(\w+) = async_compile\.cpp_pybinding\(.*?r'''(.*?)'''\)"
+    pattern = r"(\w+) = async_compile\.cpp_pybinding\(.*?r?'''(.*?)'''\)"  # torch 2.9: a plain string
     return dict(re.findall(pattern, code, re.S))
 
 
