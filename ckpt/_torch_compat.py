@@ -167,13 +167,16 @@ def all_gather_autograd(tensor: torch.Tensor, gather_dim: int, group: Any) -> to
 
     The differentiable gather that SimpleFSDP-style code calls inside a compiled
     region.  torch 2.13 names it ``all_gather_single_autograd`` (and deprecates
-    ``all_gather_tensor_autograd``, which 2.9 and 2.11 have instead).
+    ``all_gather_tensor_autograd``, which 2.9 and 2.11 have instead).  The older
+    one returns a tensor that waits for itself: waiting on it explicitly as
+    well cuts the gradient on torch 2.9, whose ``wait_tensor`` has no autograd
+    formula, and the traced backward then reduce-scatters zeros.
     """
     import torch.distributed._functional_collectives as funcol
 
     gather = getattr(funcol, "all_gather_single_autograd", None)
     if gather is None:
-        gather = funcol.all_gather_tensor_autograd
+        return funcol.all_gather_tensor_autograd(tensor, gather_dim, group)
     return funcol.wait_tensor(gather(tensor, gather_dim, group))
 
 

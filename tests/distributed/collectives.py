@@ -126,12 +126,17 @@ class CollectiveOutcome:
 
 
 def _tag_gathers(gm: fx.GraphModule) -> None:
-    """Tag the all-gathers and the waits on them ``MUST_RECOMPUTE``, as traced FSDP does."""
+    """Tag the all-gathers and the waits on them ``MUST_RECOMPUTE``, as traced FSDP does.
+
+    Like a checkpoint region, the tagged nodes carry an ``ac_graph_id``: torch
+    2.9's ``cleanup_recompute_tags`` reads it from every tagged node.
+    """
     gathered: set[fx.Node] = set()
     for node in gm.graph.nodes:
         if node.target is _ALL_GATHER or (node.target is _WAIT and node.args[0] in gathered):
             gathered.add(node)
             node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+            node.meta["ac_graph_id"] = 0
 
 
 def _collectives(gm: fx.GraphModule) -> list[str]:
