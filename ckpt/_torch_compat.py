@@ -96,6 +96,23 @@ def inductor_fallback_random() -> bool:
     return bool(inductor_config.fallback_random)
 
 
+def eager_rng_order_patches() -> dict[str, Any]:
+    """Inductor config patches that keep random kernels in program order under ``fallback_random``.
+
+    With ``fallback_random`` Inductor calls eager's random ops, which draw from
+    the global generator in the order they run.  Its peak-memory reordering
+    sees no data dependency between two such calls (a dropout and a
+    ``rand_like``) and may swap them, and then the masks differ from eager's:
+    torch 2.11 does so for some saved sets.  Only that reordering is turned off,
+    and only while ``fallback_random`` is set.
+    """
+    import torch._inductor.config as inductor_config
+
+    if not inductor_fallback_random() or not hasattr(inductor_config, "reorder_for_peak_memory"):
+        return {}
+    return {"reorder_for_peak_memory": False}
+
+
 def inductor_lowering_tables() -> tuple[Any, Any, Any] | None:
     """Inductor's (lowerings, fallbacks, needs_realized_inputs), or None if unavailable."""
     try:
@@ -106,6 +123,124 @@ def inductor_lowering_tables() -> tuple[Any, Any, Any] | None:
         return lowering.lowerings, lowering.fallbacks, lowering.needs_realized_inputs
     except AttributeError:
         return None
+
+
+# --- op tags --------------------------------------------------------------------------
+
+# The aten and prims overloads that carry ``torch.Tag.reduction`` in torch 2.13, for
+# torch 2.9, whose ``torch.Tag`` has no ``reduction`` member.  ``max.other`` and the
+# scalar overloads of ``sum`` or ``any`` are elementwise or not tensor ops at all.
+_REDUCTION_OVERLOADS = frozenset(
+    f"aten.{name}"
+    for name in (
+        "all.default",
+        "all.dim",
+        "all.dims",
+        "all.out",
+        "all.dims_out",
+        "all.all_out",
+        "amax.default",
+        "amax.out",
+        "amin.default",
+        "amin.out",
+        "aminmax.default",
+        "aminmax.out",
+        "any.default",
+        "any.dim",
+        "any.dims",
+        "any.out",
+        "any.dims_out",
+        "any.all_out",
+        "argmax.default",
+        "argmax.out",
+        "argmin.default",
+        "argmin.out",
+        "count_nonzero.default",
+        "count_nonzero.dim_IntList",
+        "linalg_vector_norm.default",
+        "linalg_vector_norm.out",
+        "logsumexp.default",
+        "logsumexp.out",
+        "max.default",
+        "max.dim",
+        "max.dim_max",
+        "max.unary_out",
+        "mean.default",
+        "mean.dim",
+        "mean.out",
+        "mean.dtype_out",
+        "min.default",
+        "min.dim",
+        "min.dim_min",
+        "min.unary_out",
+        "nansum.default",
+        "nansum.out",
+        "norm.Scalar",
+        "norm.ScalarOpt_dim",
+        "norm.ScalarOpt_dim_dtype",
+        "norm.dtype_out",
+        "norm.out",
+        "norm.ScalarOpt_dtype",
+        "prod.default",
+        "prod.dim_int",
+        "prod.int_out",
+        "std.default",
+        "std.dim",
+        "std.correction",
+        "std.correction_out",
+        "std.out",
+        "std_mean.default",
+        "std_mean.dim",
+        "std_mean.correction",
+        "sum.dim_IntList",
+        "sum.default",
+        "sum.IntList_out",
+        "var.default",
+        "var.dim",
+        "var.correction",
+        "var.correction_out",
+        "var.out",
+        "var_mean.default",
+        "var_mean.dim",
+        "var_mean.correction",
+    )
+) | frozenset({"prims.amax.default", "prims.amin.default", "prims.var.default"})
+
+
+def is_reduction_op(target: Any) -> bool:
+    """Whether an op overload reduces over some dimensions (``torch.Tag.reduction``)."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    tag = getattr(torch.Tag, "reduction", None)
+    if tag is not None:
+        return tag in target.tags
+    return str(target) in _REDUCTION_OVERLOADS
+
+
+def is_pointwise_op(target: Any) -> bool:
+    """Whether an op overload is elementwise (``torch.Tag.pointwise``)."""
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
+
+
+# --- functional collectives ----------------------------------------------------------
+
+
+def all_gather_autograd(tensor: torch.Tensor, gather_dim: int, group: Any) -> torch.Tensor:
+    """All-gather ``tensor`` along ``gather_dim`` with a reduce-scatter as its backward.
+
+    The differentiable gather that SimpleFSDP-style code calls inside a compiled
+    region.  torch 2.13 names it ``all_gather_single_autograd`` (and deprecates
+    ``all_gather_tensor_autograd``, which 2.9 and 2.11 have instead).  The older
+    one returns a tensor that waits for itself: waiting on it explicitly as
+    well cuts the gradient on torch 2.9, whose ``wait_tensor`` has no autograd
+    formula, and the traced backward then reduce-scatters zeros.
+    """
+    import torch.distributed._functional_collectives as funcol
+
+    gather = getattr(funcol, "all_gather_single_autograd", None)
+    if gather is None:
+        return funcol.all_gather_tensor_autograd(tensor, gather_dim, group)
+    return funcol.wait_tensor(gather(tensor, gather_dim, group))
 
 
 # --- FLOP formulas ----------------------------------------------------------------------
@@ -244,7 +379,11 @@ def prepare_joint(joint_module: fx.GraphModule) -> tuple[fx.GraphModule, bool, b
     has_recompute = partitioners.has_recomputable_ops(joint_module)
     has_recompute_rng = partitioners.has_recomputable_rng_ops(joint_module)
     if has_recompute:
-        joint_module = partitioners.cleanup_recompute_tags(joint_module, is_default_partition=False)
+        cleanup = partitioners.cleanup_recompute_tags
+        if "is_default_partition" in inspect.signature(cleanup).parameters:
+            joint_module = cleanup(joint_module, is_default_partition=False)
+        else:  # torch 2.9
+            joint_module = cleanup(joint_module)
     if not getattr(functorch_config(), "unsafe_allow_optimization_of_collectives", False):
         partitioners.force_save_collectives(joint_module)
     for name in ("force_save_effectful_ops", "force_save_bw_mutation_src"):

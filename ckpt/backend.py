@@ -385,6 +385,7 @@ def ckpt_backend(
     config = resolve_auto_peak(CkptConfig.from_sources(options), example_inputs)
     profile = resolve_profile(config, example_inputs)
     patches: dict[str, Any] = dict(compat.inductor_mode_options(mode))
+    patches.update(compat.eager_rng_order_patches())
     patches["custom_partitioner_fn"] = CkptPartitioner(
         config, profile, activation_inputs(example_inputs), len(example_inputs)
     )

@@ -34,6 +34,7 @@ def _python(code: str, env: dict[str, str] | None = None, timeout: int = 600) ->
     return result.stdout
 
 
+@pytest.mark.compat
 def test_backend_name_works_without_importing_ckpt():
     out = _python(
         """
@@ -76,6 +77,7 @@ def test_fx_graph_cache_never_serves_a_plan_made_for_another_budget(tmp_path):
     assert full_again == full
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize(("key", "value"), [("memory_budget", "lots"), ("memory_budjet", "0.5")])
 def test_bad_options_fail_at_compile_time(key, value):
     model = nn.Linear(4, 4)
@@ -109,10 +111,11 @@ class PointwiseChain(nn.Module):
 
 def _kernels(code: str) -> dict[str, str]:
     """Generated C++ kernels of one Inductor module, by name."""
-    pattern = r"(\w+) = async_compile\.cpp_pybinding\(.*?r'''(.*?)'''\)"
+    pattern = r"(\w+) = async_compile\.cpp_pybinding\(.*?r?'''(.*?)'''\)"  # torch 2.9: a plain string
     return dict(re.findall(pattern, code, re.S))
 
 
+@pytest.mark.compat
 def test_recomputed_pointwise_chain_fuses_into_the_consuming_backward_kernel():
     from ckpt._torch_compat import compile_caches_disabled, run_and_get_code
 

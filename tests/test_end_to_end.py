@@ -49,6 +49,7 @@ def test_budgets_keep_gradients_and_stay_within_budget(model_and_input):
     assert measured["0.0"] < measured["none"]
 
 
+@pytest.mark.compat
 def test_absolute_budget(model_and_input):
     model, x = model_and_input
     got = compiled_step(model, [x], "8KiB")
@@ -57,6 +58,7 @@ def test_absolute_budget(model_and_input):
     assert got.saved_bytes <= 8 * 1024 or record.plan.over_budget
 
 
+@pytest.mark.compat
 def test_inference_graph_passes_through(model_and_input):
     model, x = model_and_input
     compiled = torch.compile(model, backend="ckpt")

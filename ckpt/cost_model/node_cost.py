@@ -136,7 +136,7 @@ def flops_expr(node: fx.Node, kind: OpKind) -> Size:
         return int(result) if isinstance(result, int) or getattr(result, "is_Integer", False) else result
     outputs = tensor_values(node.meta.get("val"))
     inputs = [v for a in node.all_input_nodes for v in tensor_values(a.meta.get("val"))]
-    if isinstance(node.target, torch._ops.OpOverload) and torch.Tag.reduction in node.target.tags and inputs:
+    if compat.is_reduction_op(node.target) and inputs:
         return numel_expr(inputs[0])
     return sum((numel_expr(t) for t in outputs), 0)
 
@@ -199,7 +199,7 @@ def estimate_node(node: fx.Node, sizes: SizeEvaluator) -> NodeEstimate:
     elements = 0
     if kind in (OpKind.FUSIBLE, OpKind.RANDOM):
         inputs = [v for a in node.all_input_nodes for v in tensor_values(a.meta.get("val"))]
-        is_reduction = isinstance(node.target, torch._ops.OpOverload) and torch.Tag.reduction in node.target.tags
+        is_reduction = compat.is_reduction_op(node.target)
         counted = inputs[:1] if is_reduction and inputs else outputs
         elements = sizes(sum((numel_expr(t) for t in counted), 0))
     packet = getattr(node.target, "overloadpacket", None)

@@ -67,15 +67,14 @@ def _is_extern_op(target: torch._ops.OpOverload) -> bool:
     if compat.flop_formula(target) is not None:
         return True
     tables = _lowering_tables()
-    tags = set(target.tags)
     if tables is None:
-        return not (torch.Tag.pointwise in tags or torch.Tag.reduction in tags)
+        return not (compat.is_pointwise_op(target) or compat.is_reduction_op(target))
     lowerings, fallbacks, needs_realized = tables
     if target in fallbacks or target in needs_realized:
         return True
     if target in lowerings or target.overloadpacket in lowerings:
         return False
-    return not (torch.Tag.pointwise in tags or torch.Tag.reduction in tags)
+    return not (compat.is_pointwise_op(target) or compat.is_reduction_op(target))
 
 
 def _argument(node: fx.Node, target: torch._ops.OpOverload, name: str) -> Any:

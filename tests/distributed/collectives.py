@@ -4,7 +4,7 @@ This torch (2.13) always runs FSDP2's hooks eagerly (they are
 ``torch._dynamo.disable``-d), so its collectives never enter a compiled graph.
 Graphs that do contain them come from code that calls functional collectives
 itself, as SimpleFSDP-style sharding does: each weight is a parameter shard,
-and the forward all-gathers it (``all_gather_single_autograd``, whose backward
+and the forward all-gathers it (``compat.all_gather_autograd``, whose backward
 is a reduce-scatter) and uses the full weight.  The joint graph then holds
 ``_c10d_functional.all_gather_into_tensor`` and ``wait_tensor`` in the forward
 and ``reduce_scatter_tensor`` in the backward.
@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 import torch.fx as fx
 import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
@@ -96,9 +95,7 @@ class GatheredMLP(nn.Module):
         if self.world_size == 1:
             return w, v
         group = dist.group.WORLD
-        w = funcol.wait_tensor(funcol.all_gather_single_autograd(w, 0, group))
-        v = funcol.wait_tensor(funcol.all_gather_single_autograd(v, 0, group))
-        return w, v
+        return compat.all_gather_autograd(w, 0, group), compat.all_gather_autograd(v, 0, group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.policy:
@@ -130,12 +127,17 @@ class CollectiveOutcome:
 
 
 def _tag_gathers(gm: fx.GraphModule) -> None:
-    """Tag the all-gathers and the waits on them ``MUST_RECOMPUTE``, as traced FSDP does."""
+    """Tag the all-gathers and the waits on them ``MUST_RECOMPUTE``, as traced FSDP does.
+
+    Like a checkpoint region, the tagged nodes carry an ``ac_graph_id``: torch
+    2.9's ``cleanup_recompute_tags`` reads it from every tagged node.
+    """
     gathered: set[fx.Node] = set()
     for node in gm.graph.nodes:
         if node.target is _ALL_GATHER or (node.target is _WAIT and node.args[0] in gathered):
             gathered.add(node)
             node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+            node.meta["ac_graph_id"] = 0
 
 
 def _collectives(gm: fx.GraphModule) -> list[str]:

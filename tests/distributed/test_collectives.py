@@ -22,7 +22,7 @@ from tests.distributed.collectives import FULL_SHAPES, SCENARIOS, collectives_wo
 from tests.distributed.launch import run_ranks
 from tests.distributed.models import assert_steps_close, eager_reference
 
-pytestmark = pytest.mark.compile
+pytestmark = [pytest.mark.compile, pytest.mark.compat]  # one launch of two ranks runs every scenario
 
 NAMES = [name for name, _, _, _ in SCENARIOS]
 UNTAGGED = [name for name, _, tagged, _ in SCENARIOS if not tagged]

@@ -106,6 +106,7 @@ def test_dict_of_views_with_bool_int_and_no_grad_inputs():
     _run_all_budgets(model, [x, mask, ids, scale], dict_loss)
 
 
+@pytest.mark.compat
 def test_tuple_of_outputs_aliasing_inputs_and_each_other():
     torch.manual_seed(0)
     model = TupleOutputs()

@@ -122,7 +122,7 @@ def _check_one_plan_at_every_size(model: nn.Module, budget: str, mode: str, size
             assert step.saved_bytes <= cap, f"budget {budget}, size {(batch, seq)}: {step.saved_bytes} B > {cap} B"
 
 
-@pytest.mark.parametrize("mode", ["dynamic_true", "mark_dynamic"])
+@pytest.mark.parametrize("mode", ["dynamic_true", pytest.param("mark_dynamic", marks=pytest.mark.compat)])
 def test_one_plan_serves_every_size_within_budget(mode):
     torch.manual_seed(0)
     model = RowsModel()
@@ -138,6 +138,7 @@ def test_fraction_holds_at_sizes_where_saved_values_grow_faster():
         _check_one_plan_at_every_size(ScoresModel(), budget, "dynamic_true", sizes)
 
 
+@pytest.mark.compat
 def test_absolute_budget_is_read_at_the_compile_sizes():
     """An absolute budget is the cap at the sizes of the compile; the one plan then serves every size."""
     torch.manual_seed(0)

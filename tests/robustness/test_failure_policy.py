@@ -17,7 +17,7 @@ import ckpt.backend
 from ckpt.backend import CkptPartitionError
 from tests.robustness.helpers import assert_runs_close, ckpt_compile, error_chain, run_steps
 
-pytestmark = pytest.mark.compile
+pytestmark = [pytest.mark.compile, pytest.mark.compat]
 
 DIM = 16
 INJECTED = "injected solver failure"

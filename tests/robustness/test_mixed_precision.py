@@ -55,6 +55,7 @@ def _float16_supported() -> bool:
     return True
 
 
+@pytest.mark.compat
 def test_bfloat16_autocast():
     torch.manual_seed(0)
     model = MLPBlock(autocast=True)

@@ -63,6 +63,7 @@ def _batches(steps: int = 2) -> list[list[torch.Tensor]]:
     return [[torch.randn(8, DIM, generator=generator, requires_grad=True)] for _ in range(steps)]
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize(
     "noise_of_dropout_output", [False, True], ids=["noise_of_activation", "noise_of_dropout_output"]
 )
@@ -117,7 +118,9 @@ def _check_mask_reuse(model: MaskProbe, x: torch.Tensor) -> None:
         assert_within_budget(step, graphs=1)
 
 
-@pytest.mark.parametrize("fallback_random", [False, True], ids=["inductor_rng", "eager_rng"])
+@pytest.mark.parametrize(
+    "fallback_random", [False, pytest.param(True, marks=pytest.mark.compat)], ids=["inductor_rng", "eager_rng"]
+)
 def test_backward_uses_the_mask_drawn_in_the_forward(fallback_random):
     """The gradient equals the one rebuilt from the mask and noise the forward returned, at every budget."""
     torch.manual_seed(0)

@@ -101,6 +101,7 @@ def test_measured_bytes_keep_the_sum_of_the_caps(model_class):
         assert_within_budget(got[0], graphs=2)
 
 
+@pytest.mark.compat
 def test_both_branches_of_a_data_dependent_branch():
     """Each side of the branch is its own graph, planned and correct when it is first taken."""
     torch.manual_seed(0)

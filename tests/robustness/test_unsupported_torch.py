@@ -10,6 +10,7 @@ from ckpt._torch_compat import UnsupportedTorchError
 from tests.robustness.helpers import error_chain
 
 
+@pytest.mark.compat
 def test_check_names_the_required_version():
     with pytest.raises(UnsupportedTorchError, match=r"torch>=2\.9"):
         compat.check_torch_version((2, 8))
@@ -17,6 +18,7 @@ def test_check_names_the_required_version():
 
 
 @pytest.mark.compile
+@pytest.mark.compat
 def test_compiling_on_torch_2_8_fails_naming_the_required_version(monkeypatch):
     monkeypatch.setattr(compat, "torch_version", lambda: (2, 8))
     model = torch.nn.Linear(4, 4)

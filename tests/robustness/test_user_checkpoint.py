@@ -111,6 +111,7 @@ def _assert_policy_kept(record) -> int:
     return saved_must_save
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("selective", [False, True], ids=["checkpoint", "selective_policy"])
 def test_checkpoint_regions(selective):
     torch.manual_seed(0)
@@ -126,6 +127,7 @@ def test_checkpoint_regions(selective):
             assert saved_must_save > 0, f"budget {budget}: no MUST_SAVE matmul was saved"
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("selective", [False, True], ids=["checkpoint", "selective_policy"])
 def test_dropout_inside_checkpoint_regions_with_eager_rng(selective):
     """Eager's checkpoint replays the forward's RNG state; compiled, the masks and the RNG stream must match it."""
