@@ -27,7 +27,53 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-__all__ = ["MIN_TORCH", "UnsupportedTorchError", "check_torch_version"]
+__all__ = [
+    "all_gather_autograd",
+    "aot_default_partition",
+    "aot_module_without_kernels",
+    "check_torch_version",
+    "checkpoint_policy",
+    "compilation_seconds",
+    "compile_caches_disabled",
+    "compile_fx",
+    "custom_partitioner_base",
+    "dynamo_counters",
+    "eager_rng_order_patches",
+    "extract_fwd_bwd_modules",
+    "finish_modules",
+    "flop_formula",
+    "functorch_config",
+    "fwd_bwd_outputs",
+    "graph_name",
+    "has_side_effects",
+    "hash_for_files",
+    "inductor_fallback_random",
+    "inductor_layout_optimization",
+    "inductor_lowering_tables",
+    "inductor_mode_options",
+    "inputs_mutated_after_forward",
+    "is_bwd_seed_offset",
+    "is_opaque_value",
+    "is_pointwise_op",
+    "is_primal",
+    "is_reduction_op",
+    "is_sym_node",
+    "is_tangent",
+    "MIN_TORCH",
+    "must_be_in_backward",
+    "must_be_in_forward",
+    "prepare_joint",
+    "profiled_cpu_allocations",
+    "recompute_tag",
+    "rng_state_bytes",
+    "run_and_get_code",
+    "shape_env_of",
+    "static_lifetime_input_nodes",
+    "symbol_hints",
+    "torch_default_partition",
+    "torch_version",
+    "UnsupportedTorchError",
+]
 
 log = logging.getLogger(__name__)
 
@@ -316,10 +362,6 @@ def is_tangent(node: fx.Node) -> bool:
     return _partitioners()._is_tangent(node)
 
 
-def is_fwd_seed_offset(node: fx.Node) -> bool:
-    return _partitioners()._is_fwd_seed_offset(node)
-
-
 def is_bwd_seed_offset(node: fx.Node) -> bool:
     return _partitioners()._is_bwd_seed_offset(node)
 
@@ -328,12 +370,6 @@ def is_sym_node(node: fx.Node) -> bool:
     from torch.fx.experimental.proxy_tensor import is_sym_node as _is_sym_node
 
     return _is_sym_node(node)
-
-
-def is_backward_state(node: fx.Node) -> bool:
-    from torch.fx.experimental._backward_state import BackwardState
-
-    return isinstance(node.meta.get("val"), BackwardState)
 
 
 def is_opaque_value(value: Any) -> bool:
@@ -350,10 +386,6 @@ def must_be_in_forward(node: fx.Node) -> bool:
 
 def must_be_in_backward(node: fx.Node) -> bool:
     return _partitioners()._must_be_in_backward(node)
-
-
-def has_tag_is_backward(node: fx.Node) -> bool:
-    return node.meta.get("partitioner_tag", None) == "is_backward"
 
 
 def fwd_bwd_outputs(joint_module: fx.GraphModule, num_fwd_outputs: int) -> tuple[list[Any], list[Any]]:
@@ -478,11 +510,6 @@ def recompute_tag(node: fx.Node) -> str | None:
     if tag in (policy.MUST_RECOMPUTE, policy.PREFER_RECOMPUTE):
         return "recompute"
     return None
-
-
-def reads_philox_rng(node: fx.Node) -> bool:
-    """Random ops rewritten to take an explicit seed and offset (functionalised RNG)."""
-    return getattr(node.target, "namespace", None) == "rngprims"
 
 
 def graph_name(default: str) -> str:
