@@ -31,9 +31,9 @@ import torch
 from benchmarks.harness import STOP, Clock, ModelResult, benchmark_model, progress_units
 from benchmarks.models import MODELS, SIZES, ModelSpec, model_spec
 from benchmarks.plot import matplotlib_available, plot_results
-from benchmarks.progress import Progress
 from benchmarks.report import write_results
 from benchmarks.settings import SETTING_GROUPS, Setting, select_settings
+from ckpt.tools.progress import Progress
 
 __all__ = ["main"]
 

@@ -31,6 +31,7 @@ from ckpt.backend import CkptPartitionError
 from ckpt.partitioner.problem import ProblemError
 from ckpt.records import record_partitions
 from tests.robustness.helpers import BUDGETS, assert_runs_close, assert_within_budget, run_steps
+from tests.robustness.test_mutation import BatchNormNet, MutatedBufferRead
 
 DIM = 16
 
@@ -152,35 +153,8 @@ class RunningAverage(nn.Module):
         return ((self.w * self.average).sin() * x).sum()
 
 
-class ReadThenMutate(nn.Module):
-    """A buffer read into a cheap value the backward needs, then doubled in place."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.linspace(0.5, 2.0, DIM))
-        self.register_buffer("buf", torch.linspace(-1.0, 1.0, DIM))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = (self.w * (self.buf + 1)).sin() * x
-        self.buf.mul_(2)
-        return y.sum()
-
-
-class BatchNormNet(nn.Module):
-    """BatchNorm in training mode: running_mean, running_var and num_batches_tracked change each step."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(DIM, DIM)
-        self.bn = nn.BatchNorm1d(DIM)
-        self.fc2 = nn.Linear(DIM, DIM)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.tanh(self.bn(self.fc1(x)))).square().mean()
-
-
 @pytest.mark.parametrize("budget", BUDGETS)
-@pytest.mark.parametrize("model_class", [RunningAverage, ReadThenMutate, BatchNormNet])
+@pytest.mark.parametrize("model_class", [RunningAverage, MutatedBufferRead, BatchNormNet])
 def test_buffers_mutated_after_the_forward(model_class, budget):
     """Two SGD steps through ``aot_module``: losses, gradients and buffers equal eager's."""
     torch.manual_seed(0)
