@@ -36,8 +36,7 @@ _FUSED_KINDS = (OpKind.FUSIBLE, OpKind.RANDOM)
 
 
 def _is_reduction(node: fx.Node) -> bool:
-    target = node.target
-    return isinstance(target, torch._ops.OpOverload) and torch.Tag.reduction in target.tags
+    return compat.is_reduction_op(node.target)
 
 
 def _kind(node: fx.Node, analysis: JointAnalysis, backward: bool) -> Materialise:
