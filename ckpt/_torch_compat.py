@@ -13,7 +13,11 @@ documented switch rather than an internal whose shape changes:
   managers (Inductor's RNG fallback, torch's own memory budget, recompile
   errors);
 * ``torch.distributed._functional_collectives``, the only way to write a
-  collective that AOTAutograd traces into the graph (the distributed tests).
+  collective that AOTAutograd traces into the graph (the distributed tests);
+* the op classes ``torch._ops.OpOverload`` and ``HigherOrderOperator`` in
+  ``isinstance`` checks: every FX node's target is one of them;
+* Dynamo's documented entry points ``torch._dynamo.mark_dynamic``,
+  ``graph_break``, ``disable`` and ``reset``.
 """
 
 from __future__ import annotations
