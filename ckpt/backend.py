@@ -266,8 +266,10 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             )
 
         problem = analysis.problem
-        baseline = make_plan(problem, analysis.no_recompute_saved, "no-recompute", optimal=False)
-        reference = predict_plan(peak_graph, baseline).peak_bytes
+        reference = 0  # only a fractional cap needs the no-recompute plan's peak (one more simulation)
+        if self.config.peak.fraction is not None:
+            baseline = make_plan(problem, analysis.no_recompute_saved, "no-recompute", optimal=False)
+            reference = predict_plan(peak_graph, baseline).peak_bytes
         peak_cap = self.config.peak.resolve(reference)
         if peak_cap is not None:
             result = cap_peak(problem, peak_graph, solve_pinned, budget_bytes, peak_cap)
