@@ -138,6 +138,7 @@ def summarize_record(record: PartitionRecord, top: int = 8) -> dict[str, Any]:
         over_budget=plan.over_budget,
         minimum_bytes=plan.minimum_bytes,
         no_recompute_bytes=analysis.no_recompute_bytes,
+        reference_bytes=analysis.reference_bytes,
         fixed_s=analysis.fixed_seconds,
         solver=plan.solver,
         cuts=plan.cuts,

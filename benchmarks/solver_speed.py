@@ -66,7 +66,7 @@ def _gap(time_ps: int, lower_bound: int | None) -> float | None:
 def _solve_all(layers: int, nodes: int, analysis: JointAnalysis, analysis_s: float, effort: float) -> list[SolveRow]:
     rows = []
     for fraction in FRACTIONS:
-        budget = None if fraction is None else int(fraction * analysis.no_recompute_bytes)
+        budget = None if fraction is None else int(fraction * analysis.reference_bytes)
         started = time.perf_counter()
         plan = solve(analysis.problem, budget, effort=effort)
         seconds = time.perf_counter() - started

@@ -45,6 +45,7 @@ from ckpt._version import __version__
 from ckpt.config import CkptConfig, PeakCap, auto_peak_bytes
 from ckpt.cost_model.profiles import GPU_PROFILES, DeviceProfile, gpu_profile_for_name
 from ckpt.partitioner.analysis import JointAnalysis, analyze_joint, to_picoseconds
+from ckpt.partitioner.joint_graph import autograd_saved_names
 from ckpt.partitioner.extract import drop_dead_random_ops, extract_modules, verify_backward
 from ckpt.partitioner.peak import PeakGraph
 from ckpt.partitioner.peak_analysis import build_peak_graph, predict_plan
@@ -163,10 +164,11 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
     def _partition(
         self, name: str, gm: fx.GraphModule, num_fwd_outputs: int, static_indices: Sequence[int] | None
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        autograd_saved = autograd_saved_names(gm, num_fwd_outputs)  # before CSE merges the backward's recomputes
         gm, _, has_recompute_rng = compat.prepare_joint(gm)
-        analysis = analyze_joint(gm, num_fwd_outputs, self.profile, self._activation_inputs(gm))
+        analysis = analyze_joint(gm, num_fwd_outputs, self.profile, self._activation_inputs(gm), autograd_saved)
         peak_graph = build_peak_graph(gm, analysis, num_fwd_outputs)
-        budget_bytes = self.config.budget.resolve(analysis.no_recompute_bytes)
+        budget_bytes = self.config.budget.resolve(analysis.reference_bytes)
         started = time.perf_counter()
         plan = self._solve(analysis, budget_bytes)
         plan = self._fit_peak(name, analysis, peak_graph, plan, budget_bytes)
@@ -241,7 +243,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         plan = resolve(budget_bytes)
         fraction = self.config.budget.fraction
         if fraction is not None and budget_bytes is not None:
-            baseline = make_plan(analysis.problem, analysis.no_recompute_saved, "no-recompute", optimal=False)
+            baseline = make_plan(analysis.problem, analysis.reference_saved, "autograd", optimal=False)
             plan = fit_fraction(
                 plan, fraction, budget_bytes, baseline, analysis.save_bytes_exprs, analysis.size_hints, resolve
             )
@@ -266,9 +268,9 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             )
 
         problem = analysis.problem
-        reference = 0  # only a fractional cap needs the no-recompute plan's peak (one more simulation)
+        reference = 0  # only a fractional cap needs the reference plan's peak (one more simulation)
         if self.config.peak.fraction is not None:
-            baseline = make_plan(problem, analysis.no_recompute_saved, "no-recompute", optimal=False)
+            baseline = make_plan(problem, analysis.reference_saved, "autograd", optimal=False)
             reference = predict_plan(peak_graph, baseline).peak_bytes
         peak_cap = self.config.peak.resolve(reference)
         if peak_cap is not None:

@@ -92,7 +92,7 @@ _BUDGET_FORMS = (
 )
 
 _PEAK_FORMS = (
-    "'none' (no cap), a fraction in [0, 1] of the no-recompute plan's peak such as 0.5, "
+    "'none' (no cap), a fraction in [0, 1] of the peak of the plan saving what autograd saves, such as 0.5, "
     "a size with a unit (B, KB, MB, GB, KiB, MiB, GiB) such as 6GiB, "
     "or 'auto' (on CUDA: the free memory at compile time less a margin)"
 )
@@ -120,8 +120,8 @@ class Budget:
     """A cap on saved activation bytes for one compiled graph.
 
     Exactly one of ``fraction`` and ``max_bytes`` is set, or neither (no cap).
-    ``fraction`` is relative to the no-recompute plan of each graph, which saves
-    every forward value the backward reads.
+    ``fraction`` is relative to what eager autograd saves for each graph when
+    nothing is recomputed (``JointAnalysis.reference_bytes``).
     """
 
     fraction: float | None = None
@@ -139,10 +139,10 @@ class Budget:
     def unlimited(self) -> bool:
         return self.fraction is None and self.max_bytes is None
 
-    def resolve(self, no_recompute_bytes: int) -> int | None:
-        """The byte cap for a graph whose no-recompute plan saves ``no_recompute_bytes``."""
+    def resolve(self, reference_bytes: int) -> int | None:
+        """The byte cap for a graph for which autograd saves ``reference_bytes``."""
         if self.fraction is not None:
-            return math.floor(self.fraction * no_recompute_bytes)
+            return math.floor(self.fraction * reference_bytes)
         return self.max_bytes
 
     def __str__(self) -> str:
@@ -196,8 +196,8 @@ class PeakCap:
     The peak counts what the graph's forward and backward allocate above what
     is resident when its forward starts: activations, recompute working sets,
     tangents and the gradients it produces; not parameters, inputs or optimizer
-    state.  At most one of ``fraction`` (of the no-recompute plan's predicted
-    peak), ``max_bytes`` and ``auto`` is set; none means no cap.  ``auto`` is
+    state.  At most one of ``fraction`` (of the predicted peak of the plan that
+    saves what autograd saves), ``max_bytes`` and ``auto`` is set; none means no cap.  ``auto`` is
     resolved to bytes when compiling for a CUDA device (:func:`auto_peak_bytes`).
     """
 
@@ -217,12 +217,12 @@ class PeakCap:
     def unlimited(self) -> bool:
         return self.fraction is None and self.max_bytes is None and not self.auto
 
-    def resolve(self, no_recompute_peak: int) -> int | None:
-        """The byte cap for a graph whose no-recompute plan peaks at ``no_recompute_peak``."""
+    def resolve(self, reference_peak: int) -> int | None:
+        """The byte cap for a graph whose plan saving what autograd saves peaks at ``reference_peak``."""
         if self.auto:
             raise ValueError("CKPT_PEAK_MEMORY=auto must be resolved to bytes for the device before planning")
         if self.fraction is not None:
-            return math.floor(self.fraction * no_recompute_peak)
+            return math.floor(self.fraction * reference_peak)
         return self.max_bytes
 
     def __str__(self) -> str:

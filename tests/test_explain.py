@@ -56,7 +56,7 @@ def make_record(budget: str = "0.5", model: nn.Module | None = None, x: torch.Te
         model, x = tiny_factory()
     joint = trace_joint(model, x)
     parsed = parse_budget(budget)
-    cap = parsed.resolve(joint.analysis.no_recompute_bytes)
+    cap = parsed.resolve(joint.analysis.reference_bytes)
     plan = solve(joint.analysis.problem, cap)
     names = torch_default_saved_names(joint.graph, joint.num_fwd_outputs)
     torch_plan = plan_from_saved_names(joint.analysis, names)
@@ -174,7 +174,7 @@ def test_report_text_and_json(record):
     data = json.loads(json.dumps(report.to_dict()))
     assert data["predicted_bytes"] == data["measured_bytes"] == record.plan.bytes and data["bytes_error"] == 0
     graph = data["graphs"][0]
-    assert graph["graph"] == "tiny_joint_0" and set(graph["plans"]) == {"ckpt", "no_recompute", "torch_default"}
+    assert graph["graph"] == "tiny_joint_0" and set(graph["plans"]) == {"ckpt", "autograd", "no_recompute", "torch_default"}
     assert {"name", "op", "shape", "dtype", "bytes", "source"} <= set(graph["saved"][0])
     text = str(report)
     for expected in (

@@ -7,6 +7,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ckpt import _torch_compat as compat
+from ckpt.measure import saved_activations
 from ckpt.partitioner import evaluate, solve
 from ckpt.partitioner.torch_plan import plan_from_saved_names, torch_default_saved_names
 from tests.joint import trace_joint
@@ -114,3 +116,27 @@ def test_no_recompute_plan_saves_everything_the_backward_reads():
     assert memory == analysis.no_recompute_bytes
     # Only values that cannot be saved (multi-output ops) are recomputed.
     assert all(not analysis.problem.can_save[i] for i in recomputed)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_fraction_reference_is_what_autograd_saves(name):
+    """A fraction's base equals the bytes that AOTAutograd's default partition saves, measured.
+
+    Graph inputs are left out: for Inductor, ckpt charges the channels-last
+    copy of a convolution's input or weight that saving it keeps alive, which
+    this path without Inductor does not make.
+    """
+    torch.manual_seed(0)
+    model, x = MODELS[name]()
+    joint = trace_joint(model, x)
+
+    def default_partition(gm, joint_inputs, *, num_fwd_outputs, **kwargs):
+        return compat.aot_default_partition(gm, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+
+    traced = compat.aot_module_without_kernels(model, default_partition, keep_inference_input_mutations=True)
+    with saved_activations(model, x) as saved:
+        loss = traced(x)
+    loss.backward()
+    analysis = joint.analysis
+    inputs = sum(analysis.problem.save_bytes[i] for i in analysis.reference_saved if analysis.nodes[i].op == "placeholder")
+    assert saved.bytes > 0 and saved.bytes == analysis.reference_bytes - inputs

@@ -47,7 +47,7 @@ def _measure(options: dict[str, str]) -> tuple[int, object]:
 
 def _reference_peak(record) -> int:
     analysis = record.analysis
-    baseline = make_plan(analysis.problem, analysis.no_recompute_saved, "no-recompute", optimal=False)
+    baseline = make_plan(analysis.problem, analysis.reference_saved, "autograd", optimal=False)
     return predict_plan(record.peak_graph, baseline).peak_bytes
 
 

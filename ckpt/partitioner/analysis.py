@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -54,7 +55,7 @@ from ckpt.cost_model.roofline import (
     transfer_seconds,
 )
 from ckpt.partitioner.joint_graph import JointGraph, classify_joint, recompute_constraint, root_of, save_constraint
-from ckpt.partitioner.problem import Problem, evaluate
+from ckpt.partitioner.problem import Problem, ProblemError, evaluate
 
 __all__ = ["JointAnalysis", "analyze_joint", "to_picoseconds"]
 
@@ -76,6 +77,8 @@ class JointAnalysis:
     estimates: dict[str, NodeEstimate]  # by node name, for every call_function node
     no_recompute_saved: frozenset[int]  # the plan that recomputes nothing it can save
     no_recompute_bytes: int
+    reference_saved: frozenset[int]  # what eager autograd saves: fractions are relative to this plan
+    reference_bytes: int
     fixed_seconds: float  # estimated forward + backward time without saving or recomputing
     reasons: dict[str, str]  # why a value cannot be saved or recomputed, by node name
     forward_names: frozenset[str]  # call_function nodes of the forward side
@@ -116,8 +119,14 @@ def analyze_joint(
     num_fwd_outputs: int,
     profile: DeviceProfile,
     activation_inputs: frozenset[int] = frozenset(),
+    autograd_saved: Sequence[str] | None = None,
 ) -> JointAnalysis:
     """Build the save-or-recompute problem for ``joint`` on ``profile``.
+
+    ``autograd_saved`` names the values eager autograd saves
+    (:func:`ckpt.partitioner.joint_graph.autograd_saved_names`, read before
+    CSE); the plan that saves them is the reference of fractional budgets.
+    Without it, the reference is the no-recompute plan.
 
     ``activation_inputs`` are positions among the graph's primal inputs that
     hold activations of earlier autograd work (the output of the graph before
@@ -148,18 +157,22 @@ def analyze_joint(
         if row.recompute_reason:
             reasons[f"{node.name}:recompute"] = row.recompute_reason
     baseline = _no_recompute_plan(problem)
+    root_names = {n.name: root_of(n, kinds).name for n in context.estimates if root_of(n, kinds) is not n}
+    reference = baseline if autograd_saved is None else _reference_plan(problem, baseline, autograd_saved, root_names)
     return JointAnalysis(
         problem=problem,
         nodes=tuple(ordered),
         estimates={n.name: e for n, e in context.estimates.items()},
         no_recompute_saved=baseline,
         no_recompute_bytes=evaluate(problem, baseline)[1],
+        reference_saved=reference,
+        reference_bytes=evaluate(problem, reference)[1],
         fixed_seconds=_fixed_seconds(context),
         reasons=reasons,
         forward_names=frozenset(
             n.name for n in joint.graph.nodes if n.op == "call_function" and n not in graph.backward
         ),
-        root_names={n.name: root_of(n, kinds).name for n in context.estimates if root_of(n, kinds) is not n},
+        root_names=root_names,
         save_bytes_exprs=tuple(r.save_bytes_expr for r in rows),
         size_hints=context.sizes.hints,
     )
@@ -313,6 +326,28 @@ def _no_recompute_plan(problem: Problem) -> frozenset[int]:
             saved.add(i)
         else:
             stack.extend(problem.inputs[i])
+    return frozenset(saved)
+
+
+def _reference_plan(
+    problem: Problem, baseline: frozenset[int], names: Sequence[str], root_names: dict[str, str]
+) -> frozenset[int]:
+    """The plan that saves what autograd saves (views count as their base).
+
+    Values autograd saves that ours cannot are dropped (the backward
+    recomputes them), and values that cannot be recomputed are saved as in
+    the no-recompute plan.  If that is still no valid plan, the no-recompute
+    plan is the reference.
+    """
+    index = {name: i for i, name in enumerate(problem.names)}
+    saved = {index[root] for root in (root_names.get(n, n) for n in names) if root in index}
+    saved = {i for i in saved if problem.can_save[i]}
+    saved |= {i for i in baseline if not problem.can_recompute[i]}
+    try:
+        evaluate(problem, saved)
+    except ProblemError as error:
+        log.info("ckpt: the values autograd saves are no valid plan here (%s); the reference is the no-recompute plan", error)
+        return baseline
     return frozenset(saved)
 
 

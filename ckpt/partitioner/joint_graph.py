@@ -39,6 +39,7 @@ from ckpt.cost_model.ops import OpKind
 
 __all__ = [
     "JointGraph",
+    "autograd_saved_names",
     "classify_joint",
     "find_inputs_mutated_after_forward",
     "recompute_constraint",
@@ -128,6 +129,43 @@ def classify_joint(joint: fx.GraphModule, num_fwd_outputs: int, kinds: dict[fx.N
         order={node: i for i, node in enumerate(nodes)},
         mutated_after_forward=after_forward,
     )
+
+
+def autograd_saved_names(joint: fx.GraphModule, num_fwd_outputs: int) -> tuple[str, ...]:
+    """The values eager autograd saves for the backward: the reference of fractional budgets.
+
+    Read on the joint graph as traced, before CSE, the rule of torch's
+    ``default_partition``: the forward is what the forward outputs (and the
+    ops that must run in the forward) are computed from, with the outputs of
+    its multi-output ops; a forward value is saved when a backward op reads
+    its data.  The backward's own formulas then recompute whatever else they
+    need from those values, as eager's do.  CSE must come after, or it
+    merges such recomputations into forward values that autograd never saves.
+    Values tagged to be recomputed (checkpoint regions) are not saved.
+    """
+    nodes = [n for n in joint.graph.nodes if n.op != "output"]
+    fwd_outputs, _ = compat.fwd_bwd_outputs(joint, num_fwd_outputs)
+    forward: set[fx.Node] = set()
+    stack = [n for n in fwd_outputs if isinstance(n, fx.Node)]
+    stack += [n for n in nodes if n.op == "call_function" and compat.must_be_in_forward(n)]
+    while stack:
+        node = stack.pop()
+        if node in forward or (node.op == "placeholder" and compat.is_tangent(node)):
+            continue
+        forward.add(node)
+        stack.extend(node.all_input_nodes)
+    forward |= {u for n in list(forward) if isinstance(n.meta.get("val"), (tuple, list)) for u in n.users}
+    saved = []
+    for node in nodes:
+        if node not in forward or isinstance(node.meta.get("val"), (tuple, list)):
+            continue
+        readers = [u for u in node.users if u not in forward and u.op != "output"]
+        if not readers or all(compat.is_sym_node(u) for u in readers) or compat.is_sym_node(node):
+            continue
+        if compat.recompute_tag(node) == "recompute":
+            continue
+        saved.append(node.name)
+    return tuple(saved)
 
 
 def find_inputs_mutated_after_forward(joint: fx.GraphModule, kinds: dict[fx.Node, OpKind]) -> set[fx.Node]:

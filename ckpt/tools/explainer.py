@@ -56,7 +56,7 @@ def summary_line(record: PartitionRecord) -> str:
     mib = 1024 * 1024
     return (
         f"graph {record.graph}: saved {len(plan.saved)} values, {plan.bytes / mib:.2f} MiB "
-        f"(no-recompute plan {analysis.no_recompute_bytes / mib:.2f} MiB, budget {record.budget}); "
+        f"(autograd saves {analysis.reference_bytes / mib:.2f} MiB, budget {record.budget}); "
         f"recomputed {len(plan.recomputed)} values; predicted extra time {plan.time / 1e6:.3f} us; "
         f"solver {plan.solver} in {record.solve_seconds * 1e3:.1f} ms"
     )

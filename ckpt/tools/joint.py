@@ -20,6 +20,7 @@ import torch.fx as fx
 from ckpt import _torch_compat as compat
 from ckpt.cost_model.profiles import DeviceProfile
 from ckpt.partitioner.analysis import JointAnalysis, analyze_joint
+from ckpt.partitioner.joint_graph import autograd_saved_names
 
 __all__ = ["Joint", "trace_joint"]
 
@@ -60,8 +61,9 @@ def trace_joint(
     def capture(gm: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any) -> Any:
         raw_nodes = len(gm.graph.nodes)
         started = time.perf_counter()
+        autograd_saved = autograd_saved_names(gm, num_fwd_outputs)
         gm, _, _ = compat.prepare_joint(gm)
-        analysis = analyze_joint(gm, num_fwd_outputs, profile)
+        analysis = analyze_joint(gm, num_fwd_outputs, profile, autograd_saved=autograd_saved)
         seconds = time.perf_counter() - started
         captured.append(Joint(gm, analysis, num_fwd_outputs, raw_nodes, seconds))
         raise _Captured

@@ -98,7 +98,7 @@ class GraphReport:
     budget_bytes: int | None
     fallback_reason: str | None = None
     solver: SolverFacts | None = None
-    plans: dict[str, PlanTotals | None] = field(default_factory=dict)  # "ckpt", "no_recompute", "torch_default"
+    plans: dict[str, PlanTotals | None] = field(default_factory=dict)  # "ckpt", "autograd", "no_recompute", "torch_default"
     torch_default_note: str | None = None
     saved: tuple[SavedTensor, ...] = ()
     recomputed: tuple[RecomputedValue, ...] = ()
@@ -235,6 +235,7 @@ def graph_report(record: PartitionRecord) -> GraphReport:
     analysis, plan = planned
     plans: dict[str, PlanTotals | None] = {
         "ckpt": plan_totals(analysis, plan.saved),
+        "autograd": plan_totals(analysis, analysis.reference_saved),
         "no_recompute": plan_totals(analysis, analysis.no_recompute_saved),
     }
     torch_plan = record.torch_plan
@@ -258,7 +259,12 @@ def graph_report(record: PartitionRecord) -> GraphReport:
 # --- Markdown -------------------------------------------------------------------------
 
 
-_PLAN_LABELS = {"ckpt": "ckpt plan", "no_recompute": "no-recompute plan", "torch_default": "torch default partition"}
+_PLAN_LABELS = {
+    "ckpt": "ckpt plan",
+    "autograd": "what autograd saves (budget reference)",
+    "no_recompute": "no-recompute plan",
+    "torch_default": "torch default partition",
+}
 
 
 def _peak_markdown(peak: dict[str, Any] | None) -> list[str]:

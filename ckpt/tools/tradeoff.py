@@ -58,7 +58,7 @@ def _point(analyses: Sequence[JointAnalysis], budget: Budget, effort: float) -> 
     nbytes = extra = 0
     fixed = 0.0
     for analysis in analyses:
-        plan = solve(analysis.problem, budget.resolve(analysis.no_recompute_bytes), effort=effort)
+        plan = solve(analysis.problem, budget.resolve(analysis.reference_bytes), effort=effort)
         nbytes, extra, fixed = nbytes + plan.bytes, extra + plan.time, fixed + analysis.fixed_seconds
     return CurvePoint(str(budget), nbytes, extra, fixed)
 

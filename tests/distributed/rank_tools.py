@@ -53,7 +53,7 @@ class PlanSummary:
     profile: str  # the device profile's rates (DeviceProfile.key())
     plan_bytes: int | None
     budget_bytes: int | None
-    no_recompute_bytes: int | None  # what the graph saves when it recomputes nothing: a fraction's base
+    reference_bytes: int | None  # what autograd saves for this graph: a fraction's base
     minimum_bytes: int | None
     over_budget: bool
     fallback_reason: str | None
@@ -83,7 +83,7 @@ def summarize(records: list[PartitionRecord]) -> list[PlanSummary]:
                 profile=record.profile.key(),
                 plan_bytes=plan.bytes if plan else None,
                 budget_bytes=record.budget_bytes,
-                no_recompute_bytes=analysis.no_recompute_bytes if analysis is not None else None,
+                reference_bytes=analysis.reference_bytes if analysis is not None else None,
                 minimum_bytes=plan.minimum_bytes if plan else None,
                 over_budget=bool(plan and plan.over_budget),
                 fallback_reason=record.fallback_reason,

@@ -54,7 +54,7 @@ def test_the_bucket_split_gives_several_planned_graphs(ranks, name):
 def test_a_fraction_is_kept_by_every_graph(ranks):
     """Each graph's cap is half of its own no-recompute bytes, and its plan keeps it."""
     for plan in ranks[0]["ddp-0.5"].plans:
-        assert plan.budget_bytes == math.floor(0.5 * plan.no_recompute_bytes), plan
+        assert plan.budget_bytes == math.floor(0.5 * plan.reference_bytes), plan
         assert plan.within_budget, plan
 
 

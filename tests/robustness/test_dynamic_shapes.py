@@ -6,14 +6,13 @@ sizes is partitioned once, at the sizes of the compile (the hints), and the
 same forward and backward run at every later size.
 
 **What "within budget at every size" means here.**  A fractional budget is a
-fraction of the no-recompute plan's bytes, and that changes with the sizes.
-The faithful reference at a size is the no-recompute plan *at that size*:
-the record's ``analysis.no_recompute_saved`` values with their symbolic
+fraction of the bytes autograd saves, and that changes with the sizes.
+The faithful reference at a size is that plan *at that size*:
+the record's ``analysis.reference_saved`` values with their symbolic
 storage sizes evaluated at the size (:func:`bytes_at_sizes`).  Compiling
-again at each size would plan again and so test something else, and eager's
-saved tensors are a different set (eager saves the inputs of ops, not the
-values the backward reads).  The measured bytes (saved_tensors_hooks) at
-each size must keep ``floor(fraction * no_recompute(size))``.  At the hint
+again at each size would plan again and so test something else.
+The measured bytes (saved_tensors_hooks) at
+each size must keep ``floor(fraction * reference(size))``.  At the hint
 size that is the bound the solver was given; at other sizes it holds because
 the partitioner also checks the plan's ratio at sizes from 1/4 to 8 times the
 hints (``ckpt.partitioner.symbolic``), so the test sizes stay in that range.
@@ -118,7 +117,7 @@ def _check_one_plan_at_every_size(model: nn.Module, budget: str, mode: str, size
             f"budget {budget}, size {(batch, seq)}: measured bytes differ from the plan's bytes at this size"
         )
         if fraction is not None:
-            cap = math.floor(fraction * bytes_at_sizes(record, record.analysis.no_recompute_saved, size_for_hint))
+            cap = math.floor(fraction * bytes_at_sizes(record, record.analysis.reference_saved, size_for_hint))
             assert step.saved_bytes <= cap, f"budget {budget}, size {(batch, seq)}: {step.saved_bytes} B > {cap} B"
 
 
@@ -151,7 +150,7 @@ def test_absolute_budget_is_read_at_the_compile_sizes():
     (record,) = assert_within_budget(got[0], graphs=1)
     assert record.budget_bytes == budget_bytes
     assert not record.plan.over_budget
-    assert record.analysis.no_recompute_bytes > budget_bytes, "the cap must bind at the compile sizes"
+    assert record.analysis.reference_bytes > budget_bytes, "the cap must bind at the compile sizes"
     for (batch, seq), step in zip(SIZES, got):
         expected = bytes_at_sizes(record, record.plan.saved, {HINT_BATCH: batch, HINT_SEQ: seq})
         assert step.saved_bytes == expected

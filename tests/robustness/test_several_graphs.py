@@ -86,7 +86,7 @@ def test_gradients_and_plans_per_graph(model_class):
         assert len({record.graph for record in records}) == 2
         for record in records:
             if record.budget_bytes is not None:
-                assert record.budget_bytes == floor_fraction(float(budget), record.analysis.no_recompute_bytes)
+                assert record.budget_bytes == floor_fraction(float(budget), record.analysis.reference_bytes)
         measured[budget] = got[0].saved_bytes
     assert measured["0.0"] < measured["none"], "the budget must change what the graphs save"
 
