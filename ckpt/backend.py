@@ -14,7 +14,9 @@ For each joint graph the partitioner runs, top to bottom:
 3. solve it under the budget (:mod:`ckpt.partitioner.solver`), then weigh the
    step's predicted peak (:mod:`ckpt.partitioner.peak_search`): under a peak
    cap, the first plan of the repair walk within it; under a budget alone,
-   the lowest peak among the walk's plans within the 1% time slack;
+   the lowest peak among the walk's plans within the 1% time slack, and never
+   a peak above the plan without a budget's while a plan within the budget
+   avoids it;
 4. extract the forward and backward graphs (:mod:`ckpt.partitioner.extract`);
 5. finish them: torch's own final steps (which make random ops that a
    checkpoint region recomputes replay the forward's RNG state), then no other
@@ -45,11 +47,11 @@ from ckpt._version import __version__
 from ckpt.config import CkptConfig, PeakCap, auto_peak_bytes
 from ckpt.cost_model.profiles import GPU_PROFILES, DeviceProfile, gpu_profile_for_name
 from ckpt.partitioner.analysis import JointAnalysis, analyze_joint, to_picoseconds
-from ckpt.partitioner.joint_graph import autograd_saved_names
 from ckpt.partitioner.extract import drop_dead_random_ops, extract_modules, verify_backward
+from ckpt.partitioner.joint_graph import autograd_saved_names
 from ckpt.partitioner.peak import PeakGraph
 from ckpt.partitioner.peak_analysis import build_peak_graph, predict_plan
-from ckpt.partitioner.peak_search import cap_peak, lowest_peak_within
+from ckpt.partitioner.peak_search import budget_peak, cap_peak
 from ckpt.partitioner.plan import Plan, make_plan
 from ckpt.partitioner.problem import ProblemError
 from ckpt.partitioner.solver import solve
@@ -255,17 +257,19 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         """Apply the peak cap, or under a budget alone the lowest peak within the 1% slack."""
         tolerance = to_picoseconds(analysis.fixed_seconds * 5e-3)
 
+        solved: dict[tuple[int | None, frozenset[int]], Plan] = {(budget_bytes, frozenset()): plan}
+
         def solve_pinned(cap: int | None, force: frozenset[int]) -> Plan:
-            if not force and cap == budget_bytes:
-                return plan
-            return solve(
-                analysis.problem,
-                cap,
-                effort=self.config.solver_effort,
-                tolerance_ps=tolerance,
-                slack_ps=2 * tolerance,
-                force_saved=force,
-            )
+            if (cap, force) not in solved:
+                solved[cap, force] = solve(
+                    analysis.problem,
+                    cap,
+                    effort=self.config.solver_effort,
+                    tolerance_ps=tolerance,
+                    slack_ps=2 * tolerance,
+                    force_saved=force,
+                )
+            return solved[cap, force]
 
         problem = analysis.problem
         reference = 0  # only a fractional cap needs the reference plan's peak (one more simulation)
@@ -283,24 +287,17 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
                     stacklevel=3,
                 )
             return result.plan
-        result = lowest_peak_within(problem, peak_graph, solve_pinned, budget_bytes, plan.time + 2 * tolerance)
-        if budget_bytes is not None:
-            self._warn_if_budget_raises_peak(name, analysis, peak_graph, result.prediction.peak_bytes, solve_pinned)
-        return result.plan
-
-    def _warn_if_budget_raises_peak(
-        self, name: str, analysis: JointAnalysis, peak_graph: PeakGraph, peak: int, solve_pinned: Any
-    ) -> None:
-        # The no-cap plan's own peak: one more solve (fast without a cap) and one simulation.
-        free_peak = predict_plan(peak_graph, solve_pinned(None, frozenset())).peak_bytes
-        if peak > free_peak * 1.02:
+        guarded = budget_peak(problem, peak_graph, solve_pinned, budget_bytes, 2 * tolerance)
+        if guarded.raises_peak:
             warnings.warn(
                 f"ckpt: graph {name!r}: memory budget {self.config.budget} lowers saved activations but raises the "
-                f"predicted peak to {peak} bytes, from {free_peak} bytes without a budget; to bound what runs out, "
+                f"predicted peak to {guarded.search.prediction.peak_bytes} bytes, from {guarded.free_peak} bytes "
+                "without a budget, and no plan within the budget avoids it; to bound what runs out, "
                 "set CKPT_PEAK_MEMORY",
                 PeakWarning,
                 stacklevel=3,
             )
+        return guarded.search.plan
 
     @staticmethod
     def _torch_plan(

@@ -138,5 +138,6 @@ def test_the_fraction_reference_is_what_autograd_saves(name):
         loss = traced(x)
     loss.backward()
     analysis = joint.analysis
-    inputs = sum(analysis.problem.save_bytes[i] for i in analysis.reference_saved if analysis.nodes[i].op == "placeholder")
+    saved_inputs = [i for i in analysis.reference_saved if analysis.nodes[i].op == "placeholder"]
+    inputs = sum(analysis.problem.save_bytes[i] for i in saved_inputs)
     assert saved.bytes > 0 and saved.bytes == analysis.reference_bytes - inputs

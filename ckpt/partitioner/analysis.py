@@ -29,8 +29,8 @@ storage alive anyway, so this also makes the byte count exact.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -346,7 +346,7 @@ def _reference_plan(
     try:
         evaluate(problem, saved)
     except ProblemError as error:
-        log.info("ckpt: the values autograd saves are no valid plan here (%s); the reference is the no-recompute plan", error)
+        log.info("ckpt: what autograd saves is no valid plan here (%s); the reference is the no-recompute plan", error)
         return baseline
     return frozenset(saved)
 

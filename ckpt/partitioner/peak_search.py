@@ -19,9 +19,12 @@ Each step pins one more value, so the walk is a fixed sequence of plans for a
 given problem and budget, whatever the cap.  :func:`cap_peak` stops at the
 first plan whose peak is within the cap (along the walk time only grows, so
 it is also the fastest found), which makes the predicted peak monotone in the
-cap: a smaller cap walks further.  :func:`lowest_peak_within` applies the
-budget-alone rule: among the walk's plans within the budget and a time limit
-(the 1% slack), the lowest peak.  The walk stops when no alive value lowers
+cap: a smaller cap walks further.  :func:`lowest_peak_within` is the
+tie-break under a budget alone: among the walk's plans within the budget and
+a time limit (the 1% slack), the lowest peak.  :func:`budget_peak` adds the
+guard that makes a budget never raise the peak while it can avoid it: if the
+tie-break's plan peaks above the plan without a budget, the first plan of a
+capped walk that does not.  The walk stops when no alive value lowers
 the peak, when the peak is in the forward (saving more cannot lower it), when
 pinned values alone exceed the budget, or after ``max_steps``.
 
@@ -38,7 +41,15 @@ from ckpt.partitioner.peak import PeakGraph, PeakPrediction, simulate_peak
 from ckpt.partitioner.plan import Plan
 from ckpt.partitioner.problem import Problem, recompute_closure
 
-__all__ = ["PeakSearchResult", "SolveFn", "cap_peak", "lowest_peak_within", "peak_walk"]
+__all__ = [
+    "BudgetPeakResult",
+    "PeakSearchResult",
+    "SolveFn",
+    "budget_peak",
+    "cap_peak",
+    "lowest_peak_within",
+    "peak_walk",
+]
 
 log = logging.getLogger(__name__)
 
@@ -214,3 +225,53 @@ def lowest_peak_within(
             best = (plan, prediction)
     assert best is not None
     return PeakSearchResult(best[0], best[1], True, start, best[1].peak_bytes, steps)
+
+
+@dataclass(frozen=True)
+class BudgetPeakResult:
+    """The plan under a budget alone, and the peak without a budget it is held to."""
+
+    search: PeakSearchResult
+    free_peak: int  # predicted peak of the plan chosen without a budget (tie-break applied)
+    raises_peak: bool  # no plan found within the budget peaks at or below ``free_peak``
+
+
+def budget_peak(
+    problem: Problem, graph: PeakGraph, solve_fn: SolveFn, budget_bytes: int | None, slack: int
+) -> BudgetPeakResult:
+    """The budget-alone rule: a budget lowers saved bytes without raising the peak, where it can.
+
+    1. The tie-break: among the walk's plans within the budget and within
+       ``slack`` picoseconds of the fastest, the lowest peak.
+    2. The guard: the same tie-break without a budget gives the free peak.
+       If the plan of step 1 peaks higher (by more than ``PEAK_RESOLUTION``),
+       the first plan of the walk capped at the free peak and within the
+       budget replaces it, whatever its time: a smaller budget then never
+       gives a higher predicted peak than no budget.  If the capped walk finds
+       no such plan, the lower of the two peaks is kept and ``raises_peak``
+       says so.
+    """
+
+    def tie_break(budget: int | None) -> PeakSearchResult:
+        fastest = solve_fn(budget, frozenset())
+        return lowest_peak_within(problem, graph, solve_fn, budget, fastest.time + slack)
+
+    result = tie_break(budget_bytes)
+    if budget_bytes is None:
+        return BudgetPeakResult(result, result.prediction.peak_bytes, False)
+    free_peak = tie_break(None).prediction.peak_bytes
+    limit = free_peak * (1 + PEAK_RESOLUTION)
+    if result.prediction.peak_bytes <= limit:
+        return BudgetPeakResult(result, free_peak, False)
+    capped = cap_peak(problem, graph, solve_fn, budget_bytes, free_peak)
+    log.debug(
+        "budget raised the peak to %d bytes above %d; capped walk reached %d",
+        result.prediction.peak_bytes,
+        free_peak,
+        capped.prediction.peak_bytes,
+    )
+    if capped.within_cap:
+        return BudgetPeakResult(capped, free_peak, False)
+    lower = _within_budget(capped.plan, budget_bytes) and capped.prediction.peak_bytes < result.prediction.peak_bytes
+    best = capped if lower else result
+    return BudgetPeakResult(best, free_peak, best.prediction.peak_bytes > limit)

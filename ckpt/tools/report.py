@@ -98,7 +98,8 @@ class GraphReport:
     budget_bytes: int | None
     fallback_reason: str | None = None
     solver: SolverFacts | None = None
-    plans: dict[str, PlanTotals | None] = field(default_factory=dict)  # "ckpt", "autograd", "no_recompute", "torch_default"
+    # "ckpt", "autograd", "no_recompute", "torch_default"
+    plans: dict[str, PlanTotals | None] = field(default_factory=dict)
     torch_default_note: str | None = None
     saved: tuple[SavedTensor, ...] = ()
     recomputed: tuple[RecomputedValue, ...] = ()

@@ -1,4 +1,4 @@
-"""Compile one model at several budgets and measure each: saved bytes and step time.
+"""Compile one model at several budgets and measure each: saved bytes, the step's peak, and step time.
 
 Each budget gets its own deep copy of the model and its own entry function
 with a fresh code object.  Dynamo caches compiled code per code object, and
@@ -11,7 +11,9 @@ of a shared machine hit every setting alike, and summarised by the median or,
 on a machine shared with other work (where interference only ever adds time),
 by the minimum.  A step is one forward and
 backward with the gradients cleared first; the first call of each setting
-(the compile) and one warm-up call are not timed.
+(the compile) and one warm-up call are not timed.  The peak is measured on
+one more step (:func:`ckpt.measure.peak_memory`, gradients set to None first)
+next to the sum of the recorded plans' predicted peaks.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class Measurement:
     predicted_fixed_seconds: float
     step_seconds: tuple[float, ...]
     records: tuple[PartitionRecord, ...] = field(default=(), repr=False, compare=False)
+    predicted_peak: int | None = None  # sum of the graphs' predicted peaks (exact for one graph)
+    measured_peak: int | None = None  # one step, above what was resident before it
 
     @property
     def predicted_extra_ps(self) -> int:
@@ -95,6 +99,8 @@ class Measurement:
             "median_step_seconds": self.seconds("median"),
             "min_step_seconds": self.seconds("min"),
             "step_seconds": list(self.step_seconds),
+            "predicted_peak": self.predicted_peak,
+            "measured_peak": self.measured_peak,
         }
 
 
@@ -107,14 +113,27 @@ class _Setting:
     times: list[float] = field(default_factory=list)
 
 
-def _run(setting: _Setting) -> float:
+def _clear_grads(setting: _Setting) -> None:
     setting.model.zero_grad(set_to_none=True)
     for x in setting.inputs:
         if isinstance(x, torch.Tensor):
             x.grad = None
+
+
+def _run(setting: _Setting) -> float:
+    _clear_grads(setting)
     start = time.perf_counter()
     loss_of(setting.compiled(setting.model, *setting.inputs)).backward()
     return time.perf_counter() - start
+
+
+def _measure_peak(setting: _Setting) -> int:
+    from ckpt.measure import peak_memory
+
+    devices = [x.device for x in setting.inputs if isinstance(x, torch.Tensor)]
+    device = next((d for d in devices if d.type == "cuda"), torch.device("cpu"))
+    _clear_grads(setting)
+    return peak_memory(lambda: loss_of(setting.compiled(setting.model, *setting.inputs)).backward(), device).bytes
 
 
 def _first_step(setting: _Setting) -> Measurement:
@@ -137,6 +156,7 @@ def _first_step(setting: _Setting) -> Measurement:
         reasons = "; ".join(f"{r.graph}: {r.fallback_reason}" for r in records if r.plan is None)
         raise RuntimeError(f"budget {setting.budget!r}: ckpt fell back to torch's partition ({reasons})")
     totals = [plan_totals(analysis, plan.saved) for analysis, plan in planned]
+    peaks = [r.peak.peak_bytes for r in planned_records if r.peak is not None]
     return Measurement(
         budget=setting.budget,
         graphs=len(planned),
@@ -148,6 +168,7 @@ def _first_step(setting: _Setting) -> Measurement:
         predicted_fixed_seconds=sum(analysis.fixed_seconds for analysis, _ in planned),
         step_seconds=(),
         records=planned_records,
+        predicted_peak=sum(peaks) if len(peaks) == len(planned_records) else None,
     )
 
 
@@ -173,8 +194,9 @@ def measure_budgets(
         entry = fresh_entry(f"budget_{index}")
         compiled = torch.compile(entry, backend="ckpt", options=compile_kwargs)
         setting = _Setting(str(budget), copy_of_model, clone_inputs(example_inputs), compiled)
-        firsts.append(_first_step(setting))
+        first = _first_step(setting)
         _run(setting)  # warm-up
+        firsts.append(dataclasses.replace(first, measured_peak=_measure_peak(setting)))
         settings.append(setting)
     counts = {m.budget: m.graphs for m in firsts}
     if len(set(counts.values())) > 1:
