@@ -453,3 +453,12 @@ def test_pareto_end_to_end(tmp_path):
     assert all(len(m.step_seconds) == 2 for m in result.measured)
     assert (tmp_path / "p.png").exists() and result.path == str(tmp_path / "p.png")
     assert json.loads(json.dumps(result.to_dict()))["chosen"]["bytes"] == result.chosen.bytes
+
+
+def test_validate_puts_the_measured_peak_next_to_the_predicted_one():
+    model, x = tiny_factory()
+    result = validate_time_model(model, x, budgets=["0"], steps=2)
+    (check,) = result.checks
+    assert result.baseline.measured_peak and check.measured_peak
+    assert abs(check.peak_error) < 0.10, (check.predicted_peak, check.measured_peak)
+    assert "measured peak" in str(result) and "peak_error" in result.to_dict()["checks"][0]

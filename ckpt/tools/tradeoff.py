@@ -14,7 +14,9 @@ measured and predicted points differ only by the error of that extra time.
 :func:`validate_time_model` reports, per budget, the measured change in step
 time against the no-cap plan next to the predicted change, and splits the
 prediction into its terms (saving, recomputing library calls, recomputing
-fused ops), to show where the cost model is off.
+fused ops), to show where the cost model is off.  It also puts each
+budget's measured step peak next to the predicted one
+(:mod:`ckpt.partitioner.peak`).
 """
 
 from __future__ import annotations
@@ -244,6 +246,15 @@ class TimeCheck:
     delta_save: float  # the predicted change split into its terms
     delta_recompute_library: float
     delta_recompute_fused: float
+    predicted_peak: int | None = None  # the step's peak, predicted and measured (bytes)
+    measured_peak: int | None = None
+
+    @property
+    def peak_error(self) -> float:
+        """Predicted over measured peak, less one."""
+        if not self.predicted_peak or not self.measured_peak:
+            return math.nan
+        return self.predicted_peak / self.measured_peak - 1
 
     @property
     def above_noise(self) -> bool:
@@ -262,7 +273,10 @@ class TimeValidation:
     statistic: str
 
     def to_dict(self) -> dict[str, Any]:
-        rows = [{**asdict(c), "ratio": c.ratio, "above_noise": c.above_noise} for c in self.checks]
+        rows = [
+            {**asdict(c), "ratio": c.ratio, "above_noise": c.above_noise, "peak_error": c.peak_error}
+            for c in self.checks
+        ]
         return {"baseline": self.baseline.to_dict(), "checks": rows, "statistic": self.statistic}
 
     def __str__(self) -> str:
@@ -280,6 +294,9 @@ class TimeValidation:
                 f"{c.delta_save * 1e3:+.3f}",
                 f"{c.delta_recompute_library * 1e3:+.3f}",
                 f"{c.delta_recompute_fused * 1e3:+.3f}",
+                "-" if c.predicted_peak is None else format_bytes(c.predicted_peak),
+                "-" if c.measured_peak is None else format_bytes(c.measured_peak),
+                f"{c.peak_error:+.1%}" if math.isfinite(c.peak_error) else "-",
             ]
             for c in self.checks
         ]
@@ -287,7 +304,8 @@ class TimeValidation:
             f"No-cap baseline: {format_bytes(b.measured_bytes)}, "
             f"measured step {b.seconds(self.statistic) * 1e3:.3f} ms "
             f"({self.statistic} of {len(b.step_seconds)} steps per budget; predicted "
-            f"{(b.predicted_fixed_seconds + b.predicted_extra_ps * 1e-12) * 1e3:.3f} ms). "
+            f"{(b.predicted_fixed_seconds + b.predicted_extra_ps * 1e-12) * 1e3:.3f} ms); "
+            f"step peak {_peak_text(b.predicted_peak, b.measured_peak)}. "
             "Changes are against the baseline, in ms, ± one bootstrap standard error; "
             "a ratio is shown where the change exceeds two."
         )
@@ -301,8 +319,18 @@ class TimeValidation:
             "save term",
             "recompute library",
             "recompute fused",
+            "predicted peak",
+            "measured peak",
+            "peak error",
         ]
-        return head + "\n\n" + table(headers, rows, set(range(1, 9)))
+        return head + "\n\n" + table(headers, rows, set(range(1, 12)))
+
+
+def _peak_text(predicted: int | None, measured: int | None) -> str:
+    from ckpt.tools.formatting import format_bytes
+
+    text = "measured " + ("-" if measured is None else format_bytes(measured))
+    return text + ", predicted " + ("-" if predicted is None else format_bytes(predicted))
 
 
 def validate_time_model(
@@ -340,6 +368,8 @@ def validate_time_model(
                 delta_save=(m.predicted_save_ps - base.predicted_save_ps) * 1e-12,
                 delta_recompute_library=(m.predicted_library_ps - base.predicted_library_ps) * 1e-12,
                 delta_recompute_fused=fused * 1e-12,
+                predicted_peak=m.predicted_peak,
+                measured_peak=m.measured_peak,
             )
         )
     return TimeValidation(base, tuple(checks), statistic)
