@@ -15,6 +15,15 @@ Definitions, which every results file repeats:
 * a ckpt point is **dominated** when another setting has no more bytes and no
   more time, and is better in one; **beyond noise** when that setting's time
   is below ``t * (1 - noise)``.
+* the **step peak** of a setting is measured on one step, above what was
+  allocated before it, gradients set to None first; the **no-recompute peak**
+  is default compile's.
+* **peak monotone**: along ckpt's budgets from none down to 0.1, no point
+  peaks more than 2% of the no-recompute peak above the point of the next
+  larger budget.
+* **time at matched peak** of a ckpt point: its step time divided by the
+  step time of the fastest torch-budget setting whose measured peak is at
+  most its own; met when at most ``1 + noise``.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.harness import ModelResult, SettingResult
-from benchmarks.settings import CKPT
+from benchmarks.settings import CKPT, TORCH_BUDGET
 
 __all__ = ["ModelVerdict", "Target", "analyze_model", "evaluate_targets"]
 
@@ -224,6 +233,132 @@ def _half_budget(models: list[ModelResult], verdicts: list[ModelVerdict]) -> Tar
     return Target("budget 0.5 vs compile", goal, ", ".join(rows) or "n/a", not misses if rows else None, misses)
 
 
+PEAK_PREDICTION_GOAL = 0.10
+PEAK_CAP_SLACK = 0.02
+PEAK_MONOTONE_SLACK = 0.02
+RESNET_PEAK_GOAL = 0.6
+
+
+def _peak(point: SettingResult) -> int | None:
+    if point.step_peak is not None:
+        return point.step_peak
+    return max(point.peak_bytes) if point.peak_bytes else None
+
+
+def _predicted_peak(point: SettingResult) -> int | None:
+    peaks = [g.get("predicted_peak") for g in point.graphs]
+    return sum(peaks) if peaks and None not in peaks else None  # type: ignore[arg-type]
+
+
+def _reference_peak(model: ModelResult) -> int | None:
+    point = next((r for r in model.settings if r.setting.key == "compile" and r.error is None), None)
+    return None if point is None else _peak(point)
+
+
+def _ckpt_points(model: ModelResult) -> list[SettingResult]:
+    return [r for r in model.settings if r.setting.family == CKPT and r.error is None]
+
+
+def _peak_predicted(models: list[ModelResult], verdicts: list[ModelVerdict]) -> Target:
+    errors, misses = [], []
+    for model in models:
+        for point in _ckpt_points(model):
+            measured, predicted = _peak(point), _predicted_peak(point)
+            if not measured or predicted is None:
+                continue
+            error = predicted / measured - 1
+            errors.append(abs(error))
+            if abs(error) > PEAK_PREDICTION_GOAL:
+                misses.append(f"{model.name} {point.setting.label}: predicted {predicted} B, measured {measured} B")
+    value = "n/a" if not errors else f"largest error {max(errors):.1%} over {len(errors)} points"
+    goal = f"every ckpt point's predicted peak within {PEAK_PREDICTION_GOAL:.0%} of measured"
+    return Target("peak predicted", goal, value, not misses if errors else None, misses)
+
+
+def _peak_cap_kept(models: list[ModelResult], verdicts: list[ModelVerdict]) -> Target:
+    rows, misses = [], []
+    for model in models:
+        for point in _ckpt_points(model):
+            caps = [g.get("peak_cap_bytes") for g in point.graphs]
+            measured = _peak(point)
+            if not caps or None in caps or measured is None:
+                continue
+            cap = sum(caps)  # type: ignore[arg-type]
+            rows.append(f"{model.name} {point.setting.label} {measured / cap:.2f}")
+            if measured > cap * (1 + PEAK_CAP_SLACK):
+                misses.append(f"{model.name} {point.setting.label}: measured {measured} B, cap {cap} B")
+    goal = f"measured peak <= cap + {PEAK_CAP_SLACK:.0%} at every capped point (measured/cap)"
+    return Target("peak cap kept", goal, ", ".join(rows) or "n/a", not misses if rows else None, misses)
+
+
+def _peak_monotone(models: list[ModelResult], verdicts: list[ModelVerdict]) -> Target:
+    checked, misses = 0, []
+    for model in models:
+        reference = _reference_peak(model)
+        points = [p for p in _ckpt_points(model) if p.setting.peak is None and _peak(p) is not None]
+        points = [p for p in points if p.setting.budget is None or p.setting.budget >= 0.1]
+        points.sort(key=lambda p: -(2.0 if p.setting.budget is None else p.setting.budget))
+        if reference is None or len(points) < 2:
+            continue
+        checked += 1
+        for larger, smaller in zip(points, points[1:]):
+            rise = _peak(smaller) - _peak(larger)  # type: ignore[operator]
+            if rise > PEAK_MONOTONE_SLACK * reference:
+                misses.append(
+                    f"{model.name}: {smaller.setting.label} peaks {rise / reference:.1%} of the no-recompute peak "
+                    f"above {larger.setting.label}"
+                )
+    goal = f"ckpt none down to 0.1: no rise above {PEAK_MONOTONE_SLACK:.0%} of the no-recompute peak"
+    value = f"{checked - len({m.split(':')[0] for m in misses})}/{checked} models" if checked else "n/a"
+    return Target("peak monotone in the budget", goal, value, not misses if checked else None, misses)
+
+
+def _matched_peak(models: list[ModelResult], verdicts: list[ModelVerdict]) -> Target:
+    ratios, misses = [], []
+    for model, verdict in zip(models, verdicts):
+        knob = [r for r in _measured(model) if r.setting.family == TORCH_BUDGET and _peak(r) is not None]
+        for point in (p for p in _measured(model) if p.setting.family == CKPT and _peak(p) is not None):
+            lower = [k for k in knob if _peak(k) <= _peak(point)]  # type: ignore[operator]
+            if not lower:
+                continue
+            best = min(lower, key=lambda k: k.step_s)  # type: ignore[arg-type,return-value]
+            ratio = point.step_s / best.step_s  # type: ignore[operator]
+            ratios.append(ratio)
+            if ratio > 1 + (verdict.noise or 0.0):
+                misses.append(f"{model.name} {point.setting.label}: x{ratio:.3f} vs {best.setting.label}")
+    value = "n/a" if not ratios else f"median {statistics.median(ratios):.3f} over {len(ratios)} points"
+    goal = "every ckpt point no slower (beyond noise) than torch's fastest budget that peaks no higher"
+    return Target("time at matched peak", goal, value, not misses if ratios else None, misses)
+
+
+def _resnet_peak(models: list[ModelResult], verdicts: list[ModelVerdict]) -> Target:
+    model = next((m for m in models if m.name == "resnet"), None)
+    reference = None if model is None else _reference_peak(model)
+    if model is None or not reference:
+        return Target("ResNet peak", f"ckpt 0.1 <= {RESNET_PEAK_GOAL} x no-recompute peak", "n/a", None)
+    by_key = {r.setting.key: r for r in model.settings if r.error is None}
+    parts, misses = [], []
+    budget = by_key.get("ckpt-0.1")
+    if budget is not None and _peak(budget) is not None:
+        ratio = _peak(budget) / reference  # type: ignore[operator]
+        parts.append(f"ckpt 0.1 x{ratio:.2f}")
+        if ratio > RESNET_PEAK_GOAL:
+            misses.append(f"ckpt 0.1 peaks x{ratio:.2f} of the no-recompute peak")
+    capped, hand = by_key.get("ckpt-peak-0.5"), by_key.get("eager-checkpoint")
+    if capped is not None and _peak(capped) is not None:
+        parts.append(f"ckpt peak 0.5 x{_peak(capped) / reference:.2f}")  # type: ignore[operator]
+        if hand is not None and _peak(hand) is not None:
+            parts.append(f"eager checkpoint x{_peak(hand) / reference:.2f}")  # type: ignore[operator]
+            if _peak(capped) > _peak(hand):  # type: ignore[operator]
+                misses.append("ckpt peak 0.5 peaks above eager checkpoint")
+    goal = f"ckpt 0.1 <= {RESNET_PEAK_GOAL} x no-recompute peak; ckpt peak 0.5 <= eager checkpoint"
+    return Target("ResNet peak", goal, ", ".join(parts) or "n/a", not misses if parts else None, misses)
+
+
 def evaluate_targets(models: list[ModelResult], verdicts: list[ModelVerdict]) -> list[Target]:
-    """The issue's four targets, met or missed, with the points that miss them."""
-    return [check(models, verdicts) for check in (_within_budget, _not_dominated, _matched_memory, _half_budget)]
+    """The issues' targets, met or missed, with the points that miss them."""
+    checks = (
+        _within_budget, _not_dominated, _matched_memory, _half_budget,
+        _peak_predicted, _peak_cap_kept, _peak_monotone, _matched_peak, _resnet_peak,
+    )  # fmt: skip
+    return [check(models, verdicts) for check in checks]

@@ -7,7 +7,9 @@ For one model the harness
    partitioner really runs and its decisions are recorded, and times it
    (the compile time);
 3. runs a second step under :func:`ckpt.measure.saved_activations` to count
-   the activation bytes;
+   the activation bytes, and a third under :func:`ckpt.measure.peak_memory`
+   for the step's peak above what was allocated before it (the profiler's
+   allocation events on the CPU, the allocator's statistics on a GPU);
 4. times the settings round-robin (A B C A B C ..., each round starting one
    setting later), so drift on a busy machine hits them all alike.
 
@@ -40,7 +42,7 @@ from benchmarks.model_base import BlockModel
 from benchmarks.models import ModelSpec, parameter_count
 from benchmarks.settings import Setting, Step, make_step
 from ckpt import _torch_compat as compat
-from ckpt.measure import saved_activations
+from ckpt.measure import peak_memory, saved_activations
 from ckpt.records import PartitionRecord, record_partitions
 from ckpt.tools.common import rotation
 from ckpt.tools.progress import Progress
@@ -62,6 +64,7 @@ class SettingResult:
     second_call_s: float | None = None  # the byte-counting second step, wall clock (a guess of the step time)
     samples_s: list[float] = field(default_factory=list)
     peak_bytes: list[int] = field(default_factory=list)  # GPU: per step, above the memory allocated before it
+    step_peak: int | None = None  # one step's peak above what was allocated before it (CPU and GPU)
     partition_s: float | None = None  # time inside the partitioner call (ckpt's or torch's)
     graphs: list[dict[str, Any]] = field(default_factory=list)  # ckpt: one summary per partitioned graph
     error: str | None = None
@@ -121,6 +124,9 @@ def summarize_record(record: PartitionRecord, top: int = 8) -> dict[str, Any]:
         "solve_s": record.solve_seconds,
         "profile": record.profile.name,
         "fallback_reason": record.fallback_reason,
+        "predicted_peak": None if record.peak is None else record.peak.peak_bytes,
+        "peak_at": None if record.peak is None else f"{record.peak.phase}:{record.peak.node}",
+        "peak_cap_bytes": record.peak_cap_bytes,
     }
     plan, analysis = record.plan, record.analysis
     if plan is None or analysis is None:
@@ -182,6 +188,18 @@ def _timed_step(
     return seconds, peak
 
 
+def _step_peak(step: Step, model: BlockModel, inputs: Sequence[torch.Tensor], device: torch.device) -> int:
+    def run() -> None:
+        with step.context():
+            loss = step.run(*inputs)
+        loss.backward()
+
+    model.zero_grad(set_to_none=True)
+    peak = peak_memory(run, device).bytes
+    model.zero_grad(set_to_none=True)
+    return peak
+
+
 def _prepare(step: Step, model: BlockModel, inputs: Sequence[torch.Tensor], device: torch.device) -> SettingResult:
     """Compile (first step, caches off, partitions recorded), then count activation bytes."""
     result = SettingResult(step.setting)
@@ -203,6 +221,7 @@ def _prepare(step: Step, model: BlockModel, inputs: Sequence[torch.Tensor], devi
         result.second_call_s = time.perf_counter() - started
         model.zero_grad(set_to_none=True)
         result.activation_bytes = saved.bytes
+        result.step_peak = _step_peak(step, model, inputs, device)
     except Exception as error:  # one failing setting must not end the whole benchmark
         if STOP.is_set():  # an interrupt that torch wrapped into another exception
             raise KeyboardInterrupt from error

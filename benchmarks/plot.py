@@ -1,7 +1,7 @@
-"""The Pareto picture: step time against activation MiB, one panel per model.
+"""The Pareto pictures: step time against activation MiB, or against the measured step peak, one panel per model.
 
 Each family of settings has its own marker and, where it has several budgets,
-a line through them in budget order.  matplotlib is an optional dependency
+a line through them in budget order; ckpt under a peak cap is its own family.  matplotlib is an optional dependency
 (``pip install 'torch-ckpt[plot]'``).
 """
 
@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from benchmarks.harness import ModelResult
-from benchmarks.settings import CKPT, COMPILE, EAGER, EAGER_CHECKPOINT, TORCH_BUDGET
+from benchmarks.harness import ModelResult, SettingResult
+from benchmarks.report import measured_peak
+from benchmarks.settings import CKPT, COMPILE, EAGER, EAGER_CHECKPOINT, TORCH_BUDGET, Setting
 
 __all__ = ["PlotUnavailable", "matplotlib_available", "plot_results"]
 
 MIB = 2**20
+PEAK_CAPPED = "ckpt peak cap"
 
 # family -> (marker, colour, line style or None for unconnected points)
 _STYLES = {
@@ -24,7 +26,9 @@ _STYLES = {
     COMPILE: ("D", "#000000", None),
     TORCH_BUDGET: ("^", "#1f77b4", "--"),
     CKPT: ("o", "#d62728", "-"),
+    PEAK_CAPPED: ("*", "#ff7f0e", None),
 }
+_AXIS = {"activation": "activation MiB", "peak": "step peak MiB (measured)"}
 
 
 class PlotUnavailable(RuntimeError):
@@ -57,31 +61,43 @@ def _budget_order(budget: float | None) -> float:
     return math.inf if budget is None else budget
 
 
-def _panel(axes, model: ModelResult) -> None:
+def _family(setting: Setting) -> str:
+    return PEAK_CAPPED if setting.peak is not None else setting.family
+
+
+def _memory(result: SettingResult, memory: str) -> int | None:
+    return result.activation_bytes if memory == "activation" else measured_peak(result)
+
+
+def _panel(axes, model: ModelResult, memory: str) -> None:
     for family, (marker, colour, line) in _STYLES.items():
         points = [
-            r for r in model.settings if r.setting.family == family and r.step_s and r.activation_bytes is not None
+            r for r in model.settings if _family(r.setting) == family and r.step_s and _memory(r, memory) is not None
         ]
         if not points:
             continue
         points.sort(key=lambda r: -_budget_order(r.setting.budget))
-        xs = [r.activation_bytes / MIB for r in points]  # type: ignore[operator]
+        xs = [_memory(r, memory) / MIB for r in points]  # type: ignore[operator]
         ys = [r.step_s * 1e3 for r in points]  # type: ignore[operator]
         axes.plot(xs, ys, marker=marker, color=colour, linestyle=line or "none", label=family, markersize=6)
-        if family in (TORCH_BUDGET, CKPT):
+        if family in (TORCH_BUDGET, CKPT, PEAK_CAPPED):
             for r, x, y in zip(points, xs, ys):
                 text = "none" if r.setting.budget is None else f"{r.setting.budget:g}"
+                if r.setting.peak is not None:
+                    text = f"peak {r.setting.peak:g}"
                 axes.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
     axes.set_title(f"{model.title} ({model.size})")
-    axes.set_xlabel("activation MiB")
+    axes.set_xlabel(_AXIS[memory])
     axes.set_ylabel("step ms")
     axes.set_xlim(left=0)
     axes.set_ylim(bottom=0)
     axes.grid(True, alpha=0.3)
 
 
-def plot_results(models: list[ModelResult], path: Path, title: str) -> Path:
-    """Draw one panel per model into ``path`` (PNG)."""
+def plot_results(models: list[ModelResult], path: Path, title: str, memory: str = "activation") -> Path:
+    """Draw one panel per model into ``path`` (PNG); ``memory`` is the x axis: "activation" or "peak"."""
+    if memory not in _AXIS:
+        raise ValueError(f"memory={memory!r} is not a plot axis; accepted are {', '.join(_AXIS)}")
     plt = _pyplot()
     shown = [m for m in models if any(r.step_s for r in m.settings)]
     if not shown:
@@ -90,7 +106,7 @@ def plot_results(models: list[ModelResult], path: Path, title: str) -> Path:
     rows = math.ceil(len(shown) / columns)
     figure, grid = plt.subplots(rows, columns, figsize=(5.2 * columns, 4.2 * rows), squeeze=False)
     for index, model in enumerate(shown):
-        _panel(grid[index // columns][index % columns], model)
+        _panel(grid[index // columns][index % columns], model, memory)
     for index in range(len(shown), rows * columns):
         grid[index // columns][index % columns].set_visible(False)
     legend: dict[str, object] = {}

@@ -19,7 +19,7 @@ MIB = 2**20
 
 _COLUMNS = (
     "setting", "activation MiB", "step ms", "vs compile", "compile s", "partition s", "ckpt solve s",
-    "budget MiB", "predicted MiB",
+    "budget MiB", "predicted MiB", "peak MiB", "predicted peak MiB",
 )  # fmt: skip
 
 _LEGEND = (
@@ -27,9 +27,11 @@ _LEGEND = (
     "and inputs left out). *step ms*: median, and the interquartile range over the median. *vs compile*: step "
     "time over default torch.compile's (mean of compile and its repeat). *compile s*: first step minus a timed "
     "step. *partition s*: time in the partitioner (ckpt's or torch's min cut). *budget MiB*, *predicted MiB*: "
-    "ckpt's cap and its plan's bytes, summed over graphs."
+    "ckpt's cap and its plan's bytes, summed over graphs. *peak MiB*: the highest memory allocated during one "
+    "step, above what was allocated before it, gradients set to None first (`ckpt.measure.peak_memory`: the "
+    "profiler's allocation events on the CPU, the allocator's statistics on a GPU). *predicted peak MiB*: "
+    "ckpt's prediction of it (`ckpt.partitioner.peak`), summed over graphs."
 )
-_GPU_LEGEND = " *peak MiB*: the highest memory allocated during a step, above what was allocated before it."
 
 
 def _fmt(value: float | None, pattern: str = "{:.2f}", missing: str = "-") -> str:
@@ -40,8 +42,20 @@ def _mib(value: int | None) -> str:
     return _fmt(None if value is None else value / MIB)
 
 
-def _setting_row(result: SettingResult, compile_s: float | None, gpu: bool) -> str:
-    columns = len(_COLUMNS) + (1 if gpu else 0)
+def measured_peak(result: SettingResult) -> int | None:
+    """The step's measured peak: the profiled step, else the highest of the timed GPU steps."""
+    if result.step_peak is not None:
+        return result.step_peak
+    return max(result.peak_bytes) if result.peak_bytes else None
+
+
+def predicted_peak(result: SettingResult) -> int | None:
+    peaks = [g.get("predicted_peak") for g in result.graphs]
+    return sum(peaks) if peaks and None not in peaks else None  # type: ignore[arg-type]
+
+
+def _setting_row(result: SettingResult, compile_s: float | None) -> str:
+    columns = len(_COLUMNS)
     if result.error is not None:
         error = " ".join(result.error.split())[:160].replace("|", "/")
         cells = [result.setting.label, "failed: " + error] + [""] * (columns - 2)
@@ -62,9 +76,9 @@ def _setting_row(result: SettingResult, compile_s: float | None, gpu: bool) -> s
         _fmt(solve, "{:.3f}"),
         _mib(budget),
         _mib(predicted),
+        _mib(measured_peak(result)),
+        _mib(predicted_peak(result)),
     ]
-    if gpu:
-        cells.append(_mib(max(result.peak_bytes)) if result.peak_bytes else "-")
     return "| " + " | ".join(cells) + " |"
 
 
@@ -85,9 +99,9 @@ def _ckpt_lines(verdict: ModelVerdict) -> list[str]:
     ]
 
 
-def _model_section(model: ModelResult, verdict: ModelVerdict, gpu: bool) -> list[str]:
+def _model_section(model: ModelResult, verdict: ModelVerdict) -> list[str]:
     config = ", ".join(f"{k}={v}" for k, v in model.config.items())
-    columns = (*_COLUMNS, "peak MiB") if gpu else _COLUMNS
+    columns = _COLUMNS
     lines = [
         f"## {model.title} (`{model.name}`)",
         "",
@@ -96,7 +110,7 @@ def _model_section(model: ModelResult, verdict: ModelVerdict, gpu: bool) -> list
     ]
     lines += ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
     ordered = sorted(model.settings, key=lambda r: display_order(r.setting))
-    lines += [_setting_row(r, verdict.compile_s, gpu) for r in ordered]
+    lines += [_setting_row(r, verdict.compile_s) for r in ordered]
     noise = "not measured (needs compile and compile-repeat)" if verdict.noise is None else f"{verdict.noise:.1%}"
     lines += [
         "",
@@ -158,14 +172,14 @@ def _markdown(
         f"torch {meta['torch']}, {meta['dtype']}, model size `{meta['size']}`, median of {meta['rounds']} "
         f"round-robin steps per setting{', CUDA-event timings' if gpu else ''}.",
         "",
-        _LEGEND + (_GPU_LEGEND if gpu else ""),
+        _LEGEND,
         "",
         "## Summary",
         "",
     ]
     lines += _summary(models, verdicts) + _targets_section(targets, analysis)
     for model, verdict in zip(models, verdicts):
-        lines += _model_section(model, verdict, gpu)
+        lines += _model_section(model, verdict)
     if meta.get("interrupted"):
         lines += ["**The run was interrupted: the last model may lack settings or timings.**", ""]
     if meta.get("skipped_models"):
@@ -241,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
 
         title = f"step time against activation memory: {meta['device_name']}"
         written.append(plot_results(models, args.json.with_suffix(".png"), title))
+        title = f"step time against measured step peak: {meta['device_name']}"
+        peak_path = args.json.with_name(args.json.stem + "-peak.png")
+        written.append(plot_results(models, peak_path, title, memory="peak"))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

@@ -122,6 +122,8 @@ def _write(out: Path, stem: str, meta: dict[str, Any], results: list[ModelResult
         return
     if any(r.step_s for m in results for r in m.settings):
         plot_results(results, out / f"{stem}.png", f"step time against activation memory: {meta['device_name']}")
+        title = f"step time against measured step peak: {meta['device_name']}"
+        plot_results(results, out / f"{stem}-peak.png", title, memory="peak")
 
 
 @dataclass

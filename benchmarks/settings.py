@@ -2,7 +2,8 @@
 
 A setting is eager, eager with ``torch.utils.checkpoint`` around every block,
 default ``torch.compile``, ``torch.compile`` with torch's own
-``activation_memory_budget``, or ``backend="ckpt"`` at a budget.
+``activation_memory_budget``, or ``backend="ckpt"`` at a budget or under a
+peak cap (``ckpt-peak-<fraction>``: ``CKPT_PEAK_MEMORY``, no budget).
 
 **One code object per setting.**  Dynamo caches compiled code on the code
 object it compiled.  Parameters are graph inputs, so a second setting that
@@ -51,6 +52,7 @@ EAGER, EAGER_CHECKPOINT, COMPILE, TORCH_BUDGET, CKPT = (
 )
 FAMILIES = (EAGER, EAGER_CHECKPOINT, COMPILE, TORCH_BUDGET, CKPT)
 BUDGETS = (0.75, 0.5, 0.25, 0.1, 0.0)
+PEAK_CAPS = (0.5,)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Setting:
     label: str  # table name, e.g. "ckpt 0.5"
     family: str
     budget: float | None = None  # fraction for torch budget and ckpt; None: no cap
+    peak: float | None = None  # ckpt only: CKPT_PEAK_MEMORY as a fraction; None: no peak cap
 
     @property
     def compiled(self) -> bool:
@@ -75,6 +78,7 @@ def _all_settings() -> tuple[Setting, ...]:
     settings += [Setting(f"torch-{b}", f"torch {b}", TORCH_BUDGET, b) for b in BUDGETS]
     settings.append(Setting("ckpt-none", "ckpt none", CKPT))
     settings += [Setting(f"ckpt-{b}", f"ckpt {b}", CKPT, b) for b in BUDGETS]
+    settings += [Setting(f"ckpt-peak-{p}", f"ckpt peak {p}", CKPT, peak=p) for p in PEAK_CAPS]
     return tuple(settings)
 
 
@@ -87,7 +91,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
     # gpu.sh, in priority order: under a time limit the last ones are skipped first.
     "gpu": (
         "eager", "eager-checkpoint", "compile", "ckpt-0.5", "torch-0.5", "compile-repeat",
-        "ckpt-none", "ckpt-0.1", "torch-0.1", "ckpt-0.25", "torch-0.25",
+        "ckpt-none", "ckpt-0.1", "torch-0.1", "ckpt-peak-0.5", "ckpt-0.25", "torch-0.25",
     ),
 }  # fmt: skip
 
@@ -154,8 +158,11 @@ def make_step(setting: Setting, model: BlockModel) -> Step:
         return Step(setting, torch.compile(fn, fullgraph=True), lambda: _torch_budget(fraction))
     from ckpt.backend import ckpt_backend  # the callable, so an uninstalled checkout (PYTHONPATH=.) works too
 
-    budget = "none" if setting.budget is None else str(setting.budget)
-    compiled = torch.compile(fn, backend=ckpt_backend, fullgraph=True, options={"memory_budget": budget})
+    options = {
+        "memory_budget": "none" if setting.budget is None else str(setting.budget),
+        "peak_memory": "none" if setting.peak is None else str(setting.peak),
+    }
+    compiled = torch.compile(fn, backend=ckpt_backend, fullgraph=True, options=options)
     return Step(setting, compiled, context)
 
 

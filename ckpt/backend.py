@@ -173,7 +173,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         budget_bytes = self.config.budget.resolve(analysis.reference_bytes)
         started = time.perf_counter()
         plan = self._solve(analysis, budget_bytes)
-        plan = self._fit_peak(name, analysis, peak_graph, plan, budget_bytes)
+        plan, peak_cap = self._fit_peak(name, analysis, peak_graph, plan, budget_bytes)
         solve_seconds = time.perf_counter() - started
         if plan.over_budget:
             warnings.warn(
@@ -209,6 +209,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             explain=self.config.explain,
             peak_graph=peak_graph,
             peak=predict_plan(peak_graph, plan),
+            peak_cap_bytes=peak_cap,
         )
         log.debug("ckpt graph %r plan fingerprint %s", name, record.fingerprint)
         publish(record)
@@ -253,8 +254,8 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
 
     def _fit_peak(
         self, name: str, analysis: JointAnalysis, peak_graph: PeakGraph, plan: Plan, budget_bytes: int | None
-    ) -> Plan:
-        """Apply the peak cap, or under a budget alone the lowest peak within the 1% slack."""
+    ) -> tuple[Plan, int | None]:
+        """Apply the peak cap, or the budget-alone rule; the plan and the cap in bytes."""
         tolerance = to_picoseconds(analysis.fixed_seconds * 5e-3)
 
         solved: dict[tuple[int | None, frozenset[int]], Plan] = {(budget_bytes, frozenset()): plan}
@@ -286,7 +287,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
                     PeakWarning,
                     stacklevel=3,
                 )
-            return result.plan
+            return result.plan, peak_cap
         guarded = budget_peak(problem, peak_graph, solve_pinned, budget_bytes, 2 * tolerance)
         if guarded.raises_peak:
             warnings.warn(
@@ -297,7 +298,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
                 PeakWarning,
                 stacklevel=3,
             )
-        return guarded.search.plan
+        return guarded.search.plan, None
 
     @staticmethod
     def _torch_plan(

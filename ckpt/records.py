@@ -53,6 +53,7 @@ class PartitionRecord:
     explain: str | None = None
     peak_graph: PeakGraph | None = None  # the graph's liveness data, for predicting any plan's peak
     peak: PeakPrediction | None = None  # the plan's predicted peak
+    peak_cap_bytes: int | None = None  # CKPT_PEAK_MEMORY resolved for this graph (None: no cap)
 
     @property
     def planned(self) -> tuple[JointAnalysis, Plan] | None:
