@@ -239,9 +239,13 @@ def _join_sibling_reductions(graph: PeakGraph, order: list[int]) -> list[int]:
             readers.setdefault(p, k)
     reductions = [v for v in order if graph.kinds[v] is Materialise.REDUCTION]
     sources = {r: _sources(graph, r, members) for r in reductions}
+    last_reader: dict[int, int] = {}  # source -> position of the last reduction over it
+    for r in reductions:
+        for s in sources[r]:
+            last_reader[s] = max(last_reader.get(s, -1), position[r])
     target: dict[int, int] = {}
     for r in reductions:
-        last = max((position[o] for o in reductions if sources[o] & sources[r]), default=position[r])
+        last = max((last_reader[s] for s in sources[r]), default=position[r])
         limit = readers.get(r, len(order)) - 1
         target[r] = max(position[r], min(last, limit))
     return sorted(order, key=lambda v: (target.get(v, position[v]), v not in target, position[v]))
@@ -306,31 +310,43 @@ def _run(
     keep: set[int],
     reads: dict[int, set[int]],
 ) -> tuple[_Phase, set[int]]:
-    """Allocate and free along ``order``; the phase's peak and what is alive at its end."""
+    """Allocate and free along ``order``; the phase's peak and what is alive at its end.
+
+    The first pass finds the peak's position; a second, up to it, recovers
+    what is alive there (cheaper than copying the alive set at every new high).
+    """
     last_use: dict[int, int] = {}
     for position, i in enumerate(order):
         for b in reads[i]:
             last_use[b] = position
-    alive = set(start)
-    total = sum(graph.bytes[b] for b in alive)
-    phase = _Phase(total, graph.names[order[0]] if order else "", ())
-    for b in sorted(alive):
-        if b not in keep and b not in last_use:
-            alive.discard(b)
-            total -= graph.bytes[b]
-    for position, i in enumerate(order):
-        if i in buffers and i not in alive:
-            alive.add(i)
-            total += graph.bytes[i]
-        if total > phase.peak or not phase.alive:
-            largest = sorted(alive, key=lambda b: (-graph.bytes[b], b))
-            named = tuple((graph.names[b], graph.bytes[b]) for b in largest[:8])
-            phase = _Phase(total, graph.names[i], named, tuple(sorted(alive)))
-        for b in sorted(reads[i] | ({i} if i in buffers else set())):
-            if b in alive and b not in keep and last_use.get(b, -1) <= position:
-                alive.discard(b)
-                total -= graph.bytes[b]
-    return phase, alive
+    nbytes = graph.bytes
+
+    def walk(stop: int) -> tuple[int, int, set[int]]:
+        alive = {b for b in start if b in keep or b in last_use}
+        total = sum(nbytes[b] for b in alive)
+        peak, at = sum(nbytes[b] for b in start), -1
+        for position, i in enumerate(order):
+            if i in buffers and i not in alive:
+                alive.add(i)
+                total += nbytes[i]
+            if total > peak or at < 0:
+                peak, at = total, position
+            if position == stop:
+                break
+            freed = reads[i] | {i} if i in buffers else reads[i]
+            for b in freed:
+                if b in alive and b not in keep and last_use.get(b, -1) <= position:
+                    alive.discard(b)
+                    total -= nbytes[b]
+        return peak, at, alive
+
+    peak, at, alive = walk(len(order))
+    if at < 0:  # an empty phase
+        return _Phase(peak, "", ()), alive
+    _, _, there = walk(at)
+    largest = sorted(there, key=lambda b: (-nbytes[b], b))
+    named = tuple((graph.names[b], nbytes[b]) for b in largest[:8])
+    return _Phase(peak, graph.names[order[at]], named, tuple(sorted(there))), alive
 
 
 def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[int]) -> PeakPrediction:
