@@ -154,7 +154,9 @@ def _add_model_commands(commands: argparse._SubParsersAction) -> None:
     pareto.add_argument("--steps", type=_steps_arg, default=5, help="timed steps per budget (default 5)")
     pareto.add_argument("--statistic", choices=["median", "min"], default="median", help=statistic_help)
     pareto.set_defaults(run=_pareto, parser=pareto)
-    validate = commands.add_parser("validate", help="measured against predicted step-time change from recomputation, and step peak")
+    validate = commands.add_parser(
+        "validate", help="measured against predicted step-time change from recomputation, and step peak"
+    )
     validate.add_argument("factory", help=factory_help)
     validate.add_argument(
         "--budgets",
