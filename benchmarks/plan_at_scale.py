@@ -196,6 +196,7 @@ class ScaleResult:
     attention_ops: tuple[str, ...]
     square_values: int  # values shaped (..., seq, seq): materialised attention matrices
     square_saved_bytes: int  # of those, bytes autograd saves
+    math_attention_bytes: int  # what SDPA's math path would save: one seq x seq probability matrix per layer
     rows: list[ScaleRow] = field(default_factory=list)
 
 
@@ -236,6 +237,15 @@ def _square_values(gm: fx.GraphModule, analysis: JointAnalysis, config: Any) -> 
     problem = analysis.problem
     saved = sum(problem.save_bytes[i] for i in analysis.reference_saved if problem.names[i] in square)
     return len(square), int(saved)
+
+
+def _math_attention_bytes(config: Any, dtype: torch.dtype) -> int:
+    """Bytes of the attention probabilities (batch x heads x seq x seq per layer) that SDPA's math path saves."""
+    sizes = [getattr(config, key, None) for key in ("layers", "batch", "heads", "seq")]
+    if any(size is None for size in sizes):
+        return 0
+    layers, batch, heads, seq = sizes
+    return int(layers * batch * heads * seq * seq * torch.empty((), dtype=dtype, device="meta").element_size())
 
 
 def _priced_anyway(analysis: JointAnalysis, names: Sequence[str]) -> tuple[Plan, tuple[str, ...]]:
@@ -294,13 +304,16 @@ def _plan_row(
         warnings.simplefilter("always")
         plan, budget_bytes, seconds = partitioner.plan(setting, analysis, peak_graph)
     notes = [type(w.message).__name__ for w in caught]
+    over_budget = budget_bytes is not None and plan.bytes > budget_bytes
+    if over_budget:
+        notes.append(f"budget below the smallest plan ({_gib(plan.minimum_bytes)} GiB)")
     prediction = predict_plan(peak_graph, plan)
     return ScaleRow(
         setting,
         budget_bytes,
         partitioner.config.peak.resolve(reference_peak),
         plan.bytes,
-        plan.over_budget,
+        over_budget,
         prediction.peak_bytes,
         _where(gm, prediction.phase, prediction.node),
         plan.time,
@@ -320,18 +333,13 @@ def plan_model(
     peaks: Sequence[float] = PEAKS,
     compare_torch: bool = True,
     effort: float = 1.0,
-    device: str = "cpu",
     log: Callable[[str], None] = lambda _: None,
 ) -> ScaleResult:
-    """Trace ``build()``'s joint graph under fake tensors and plan it at every budget and peak cap.
-
-    ``device`` is the fake tensors' device: ``"cpu"`` traces the fused CPU
-    flash attention kernel, ``"meta"`` SDPA's math path (for comparison).
-    """
+    """Trace ``build()``'s joint graph under fake CPU tensors and plan it at every budget and peak cap."""
     mode = compat.fake_tensor_mode()
-    model = fake_model(build, dtype, mode, device)
+    model = fake_model(build, dtype, mode)
     config = getattr(model, "config", None)
-    inputs = fake_inputs(model, dtype, mode, device)
+    inputs = fake_inputs(model, dtype, mode)
     joint = trace_fake_joint(model, inputs, mode)
     gm, num_fwd = joint.graph, joint.num_fwd_outputs
     joint_nodes = len(gm.graph.nodes)
@@ -363,6 +371,7 @@ def plan_model(
         _attention_ops(gm),
         squares,
         square_bytes,
+        _math_attention_bytes(config, dtype),
     )
     result.rows.append(
         ScaleRow(
@@ -474,12 +483,21 @@ def markdown(results: Sequence[ScaleResult], command: str, profile: DeviceProfil
         "model. torch's knob is a fraction of what its own default partition saves, ours of what eager "
         "autograd saves, so the same number is not the same target. *torch s* is torch's partition time.",
         "",
-        "Notes: `BudgetWarning` means the budget is below the smallest plan (the row shows that plan); "
-        "`PeakWarning` on a budget row means the budget raises the peak above the unbudgeted plan's and "
+        "Notes: `PeakWarning` on a budget row means the budget raises the peak above the unbudgeted plan's and "
         "no plan within the budget avoids it, on a peak row that the cap is below the smallest peak found.",
         "",
     ]
-    lines.extend(notes)
+    lines += [
+        "Attention: on an H200 SDPA runs a fused kernel (flash attention for these shapes) that saves the "
+        "output and a float32 log-sum-exp per query row and never materialises the seq x seq matrix. "
+        "Fake tensors on the CPU device trace `_scaled_dot_product_flash_attention_for_cpu`, which has the "
+        "same outputs and saved values (the cost model prices it as the CUDA flash kernel). Fake CUDA "
+        "tensors are not usable on a CPU-only torch build (SDPA aborts in autograd's device guard), and "
+        "meta tensors decompose SDPA into the math path (`bmm`, softmax), which would materialise and "
+        "save the seq x seq probabilities; each model's section says how many bytes that would be.",
+        "",
+        *notes,
+    ]
     for r in results:
         ops = ", ".join(f"`{op}`" for op in r.attention_ops) or "none"
         lines += [
@@ -494,7 +512,8 @@ def markdown(results: Sequence[ScaleResult], command: str, profile: DeviceProfil
             f"estimated fixed step time {r.fixed_seconds * 1e3:.1f} ms.",
             "",
             f"Attention ops in the trace: {ops}. Values shaped (..., seq, seq): {r.square_values} "
-            f"({_gib(r.square_saved_bytes)} GiB of them saved by autograd).",
+            f"({_gib(r.square_saved_bytes)} GiB of them saved by autograd). SDPA's math path would instead "
+            f"save the attention probabilities, {_gib(r.math_attention_bytes)} GiB over all layers.",
             "",
             *_table(r),
         ]
@@ -528,13 +547,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profile", default="h200", choices=sorted(GPU_PROFILES))
     parser.add_argument("--effort", type=float, default=1.0, help="the solver effort (CKPT_SOLVER_EFFORT)")
     parser.add_argument("--no-torch", action="store_true", help="skip torch's partitioner for comparison")
-    parser.add_argument(
-        "--device",
-        default="cpu",
-        choices=("cpu", "meta"),
-        help="the fake tensors' device: cpu traces fused flash attention (as on a GPU), "
-        "meta SDPA's math path, which materialises seq x seq (for comparison)",
-    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     argv_used = list(sys.argv[1:] if argv is None else argv)
@@ -553,7 +565,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 profile=profile,
                 compare_torch=not args.no_torch,
                 effort=args.effort,
-                device=args.device,
                 log=log,
             )
         )
