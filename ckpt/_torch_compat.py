@@ -35,6 +35,7 @@ __all__ = [
     "all_gather_autograd",
     "aot_default_partition",
     "aot_module_without_kernels",
+    "aot_simplified_without_kernels",
     "check_torch_version",
     "checkpoint_policy",
     "compilation_seconds",
@@ -44,6 +45,7 @@ __all__ = [
     "dynamo_counters",
     "eager_rng_order_patches",
     "extract_fwd_bwd_modules",
+    "fake_tensor_mode",
     "finish_modules",
     "flop_formula",
     "functorch_config",
@@ -604,6 +606,37 @@ def aot_module_without_kernels(
         decompositions=select_decomp_table(),
         keep_inference_input_mutations=keep_inference_input_mutations,
     )
+
+
+def aot_simplified_without_kernels(gm: fx.GraphModule, example_inputs: Sequence[Any], partition_fn: Any) -> Any:
+    """A Dynamo graph through AOTAutograd as Inductor sends it, with no-op compilers.
+
+    The body of a ``torch.compile`` backend: Inductor's decompositions, input
+    mutations kept in the graph, and the joint graph handed to
+    ``partition_fn``.  Unlike :func:`aot_module_without_kernels` it takes the
+    graph Dynamo captured, so it works on fake tensors and on modules whose
+    buffers are shared.
+    """
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.compilers import nop
+    from torch._inductor.decomposition import select_decomp_table
+
+    return aot_module_simplified(
+        gm,
+        list(example_inputs),
+        fw_compiler=nop,
+        bw_compiler=nop,
+        partition_fn=partition_fn,
+        decompositions=select_decomp_table(),
+        keep_inference_input_mutations=True,
+    )
+
+
+def fake_tensor_mode() -> Any:
+    """A new ``FakeTensorMode``: tensors inside it have shapes, dtypes and devices but no storage."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
 
 
 def run_and_get_code(fn: Any, *args: Any) -> tuple[Any, list[str]]:

@@ -170,11 +170,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         gm, _, has_recompute_rng = compat.prepare_joint(gm)
         analysis = analyze_joint(gm, num_fwd_outputs, self.profile, self._activation_inputs(gm), autograd_saved)
         peak_graph = build_peak_graph(gm, analysis, num_fwd_outputs)
-        budget_bytes = self.config.budget.resolve(analysis.reference_bytes)
-        started = time.perf_counter()
-        plan = self._solve(analysis, budget_bytes)
-        plan, peak_cap = self._fit_peak(name, analysis, peak_graph, plan, budget_bytes)
-        solve_seconds = time.perf_counter() - started
+        plan, budget_bytes, peak_cap, solve_seconds = self.plan(name, analysis, peak_graph)
         if plan.over_budget:
             warnings.warn(
                 f"ckpt: graph {name!r}: memory budget {self.config.budget} ({budget_bytes} bytes) is below the "
@@ -214,6 +210,22 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         log.debug("ckpt graph %r plan fingerprint %s", name, record.fingerprint)
         publish(record)
         return fw_module, bw_module
+
+    def plan(
+        self, name: str, analysis: JointAnalysis, peak_graph: PeakGraph
+    ) -> tuple[Plan, int | None, int | None, float]:
+        """The plan for an analysed joint graph, its budget and peak cap in bytes, and the seconds it took.
+
+        The budget resolves against what autograd saves; the solve is followed
+        by the peak step (the cap, or the lowest peak within the slack).  This
+        is all the planning :meth:`__call__` does before extracting the graphs,
+        so tools can plan a traced joint graph exactly as the backend would.
+        """
+        budget_bytes = self.config.budget.resolve(analysis.reference_bytes)
+        started = time.perf_counter()
+        plan = self._solve(analysis, budget_bytes)
+        plan, peak_cap = self._fit_peak(name, analysis, peak_graph, plan, budget_bytes)
+        return plan, budget_bytes, peak_cap, time.perf_counter() - started
 
     def _activation_inputs(self, gm: fx.GraphModule) -> frozenset[int]:
         """The activation inputs, if the joint graph's primals line up with the compiled graph's inputs."""
@@ -285,7 +297,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
                     f"ckpt: graph {name!r}: peak memory cap {self.config.peak} ({peak_cap} bytes) is below the "
                     f"smallest peak found ({result.lowest_peak} bytes predicted); using that plan",
                     PeakWarning,
-                    stacklevel=3,
+                    stacklevel=4,
                 )
             return result.plan, peak_cap
         guarded = budget_peak(problem, peak_graph, solve_pinned, budget_bytes, 2 * tolerance)
@@ -296,7 +308,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
                 "without a budget, and no plan within the budget avoids it; to bound what runs out, "
                 "set CKPT_PEAK_MEMORY",
                 PeakWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
         return guarded.search.plan, None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.compile
 
@@ -56,3 +57,38 @@ def test_quick_run_writes_table_json_and_plot(tmp_path):
         "ResNet peak",
     ]
     assert data["targets"][0]["met"] is True
+
+
+def test_plan_at_scale_on_fake_tensors_gives_consistent_rows():
+    from benchmarks.models import model_spec
+    from benchmarks.plan_at_scale import markdown, plan_model
+    from ckpt.cost_model.profiles import GPU_PROFILES
+
+    profile = GPU_PROFILES["h200"]
+    result = plan_model(
+        "llama tiny", lambda: model_spec("llama").build("tiny"), profile=profile, budgets=(None, 0.5, 0.0), peaks=(0.5,)
+    )
+    # fake CPU tensors trace the fused attention kernel, which never materialises seq x seq
+    assert any("flash_attention" in op for op in result.attention_ops)
+    assert result.square_values == 0
+    assert result.joint_nodes > 0 and result.fixed_seconds > 0
+
+    rows = {r.setting: r for r in result.rows}
+    assert list(rows) == ["autograd", "budget none", "budget 0.5", "budget 0", "peak 0.5"]
+    assert rows["autograd"].saved_bytes == result.reference_bytes > 0
+    assert rows["autograd"].peak_bytes == result.reference_peak
+    assert rows["budget 0.5"].budget_bytes == result.reference_bytes // 2
+    assert rows["peak 0.5"].peak_cap_bytes == result.reference_peak // 2
+    for row in result.rows:
+        assert row.peak_bytes >= row.saved_bytes >= 0 and row.peak_bytes > 0, row
+        if row.budget_bytes is not None:
+            assert row.saved_bytes <= row.budget_bytes or row.over_budget, row
+        if row.setting != "autograd":
+            assert row.torch is not None and row.torch.error is None, row
+            assert row.torch.saved_bytes is not None and row.torch.peak_bytes is not None
+            assert row.torch.peak_bytes >= row.torch.saved_bytes
+    assert rows["budget 0.5"].torch.knob == 0.5 and rows["budget none"].torch.knob == 1.0
+
+    table = markdown([result], "python -m benchmarks.plan_at_scale", profile)
+    for text in ("## llama tiny", "| budget 0.5 |", "| peak 0.5 |", torch.__version__):
+        assert text in table

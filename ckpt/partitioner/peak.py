@@ -349,6 +349,16 @@ def _run(
     return _Phase(peak, graph.names[order[at]], named, tuple(sorted(there))), alive
 
 
+def _backward_phase(graph: PeakGraph, saved: frozenset[int], recomputed: frozenset[int]) -> _Phase:
+    backward = _fuse_into_consumers(graph, _backward_order(graph, recomputed))
+    start = {i for i in saved if graph.kinds[i] is not Materialise.FREE}
+    start |= {i for i in graph.tangents if graph.kinds[i] is not Materialise.FREE}
+    b_buffers = _materialised(graph, backward, graph.gradients)
+    b_reads = _buffer_reads(graph, backward, b_buffers, start)
+    phase, _ = _run(graph, backward, b_buffers, start, set(graph.gradients), b_reads)
+    return phase
+
+
 def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[int]) -> PeakPrediction:
     """The forward and backward peaks of the plan that saves ``saved`` and recomputes ``recomputed``.
 
@@ -362,13 +372,7 @@ def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[i
     f_buffers = _materialised(graph, forward, forward_kept)
     f_reads = _buffer_reads(graph, forward, f_buffers, set())
     f_phase, _ = _run(graph, forward, f_buffers, (), set(forward_kept), f_reads)
-
-    backward = _fuse_into_consumers(graph, _backward_order(graph, recomputed_set))
-    start = {i for i in saved_set if graph.kinds[i] is not Materialise.FREE}
-    start |= {i for i in graph.tangents if graph.kinds[i] is not Materialise.FREE}
-    b_buffers = _materialised(graph, backward, graph.gradients)
-    b_reads = _buffer_reads(graph, backward, b_buffers, start)
-    b_phase, _ = _run(graph, backward, b_buffers, start, set(graph.gradients), b_reads)
+    b_phase = _backward_phase(graph, saved_set, recomputed_set)
 
     if b_phase.peak > f_phase.peak:
         phase_name, top = "backward", b_phase

@@ -21,17 +21,27 @@ __all__ = ["plan_from_saved_names", "torch_default_saved_names"]
 
 
 def torch_default_saved_names(
-    joint: fx.GraphModule, num_fwd_outputs: int, static_lifetime_input_indices: Sequence[int] | None = None
+    joint: fx.GraphModule,
+    num_fwd_outputs: int,
+    static_lifetime_input_indices: Sequence[int] | None = None,
+    activation_memory_budget: float | None = None,
 ) -> tuple[str, ...]:
-    """Names of the joint-graph values torch's default partitioner saves for the backward."""
+    """Names of the joint-graph values torch's default partitioner saves for the backward.
+
+    ``activation_memory_budget``, if given, is torch's own knob
+    (``torch._functorch.config.activation_memory_budget``) for this one call;
+    otherwise the current setting applies (1.0 unless changed).
+    """
     scratch = copy.deepcopy(joint)  # torch's partitioner edits the graph it is given
-    _, bw_module = compat.torch_default_partition(
-        scratch,
-        None,
-        compiler="inductor",
-        num_fwd_outputs=num_fwd_outputs,
-        static_lifetime_input_indices=list(static_lifetime_input_indices or []),
-    )
+    patch = {} if activation_memory_budget is None else {"activation_memory_budget": activation_memory_budget}
+    with compat.functorch_config().patch(**patch):
+        _, bw_module = compat.torch_default_partition(
+            scratch,
+            None,
+            compiler="inductor",
+            num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_indices=list(static_lifetime_input_indices or []),
+        )
     return tuple(
         node.name
         for node in bw_module.graph.nodes
