@@ -108,6 +108,7 @@ def _predicted(records: list[Any]) -> dict[str, Any] | None:
         "predicted_mib": prediction.peak_bytes / 2**20,
         "predicted_at": f"{prediction.phase}:{prediction.node}",
         "plan_bytes_mib": plans[0].plan.bytes / 2**20,
+        "peak_cap_mib": None if plans[0].peak_cap_bytes is None else plans[0].peak_cap_bytes / 2**20,
     }
 
 
