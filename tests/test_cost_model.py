@@ -116,16 +116,34 @@ def test_cpu_calibration_is_cached(tmp_path, monkeypatch):
     calls = []
     real = calibrate.calibrate_cpu
 
-    def counting():
-        calls.append(1)
-        return real()
+    def counting(**kwargs):
+        calls.append(kwargs)
+        return real(**kwargs)
+
+    def no_fused_kernels(threads):
+        raise AssertionError("the first use must not compile fused kernels")
 
     monkeypatch.setattr(calibrate, "calibrate_cpu", counting)
+    monkeypatch.setattr(calibrate, "measure_fused_costs", no_fused_kernels)
     first = calibrate.cpu_profile()
     second = calibrate.cpu_profile()
-    assert first == second and len(calls) == 1
+    assert first == second and calls == [{"fused": False}]
     assert first.peak_flops[0][1] > 1e8 and first.bandwidth > 1e8
-    assert "measured on this machine" in first.source
+    assert "measured on this machine" in first.source and "scaled from the reference machine" in first.source
+    fp32 = first.peak_flops[0][1]
+    assert first.transcendental_seconds == pytest.approx(calibrate.FUSED_DEFAULTS["transcendental"] / fp32, rel=0.01)
+
+
+def test_calibrate_command_times_fused_kernels_and_replaces_the_cache(tmp_path, monkeypatch):
+    from ckpt.cost_model import calibrate
+
+    monkeypatch.setenv("CKPT_CACHE_DIR", str(tmp_path))
+    measured = {"simple": 1e-12, "transcendental": 2e-9, "byte_store": 3e-9, "byte_load": 4e-9}
+    monkeypatch.setattr(calibrate, "measure_fused_costs", lambda threads: measured)
+    quick = calibrate.cpu_profile()
+    full = calibrate.cpu_profile(recalibrate=True)
+    assert "fused Inductor kernels" in full.source and full.byte_store_seconds == pytest.approx(3e-9)
+    assert calibrate.cpu_profile() == full != quick  # later processes read the measured profile
 
 
 def test_transcendental_ops_are_priced_per_element_at_their_own_rate():

@@ -7,18 +7,27 @@ The calibration times, with the thread count torch uses:
 * copies of 64 MiB (memory bandwidth) and of 1 MiB (the cache tier), and
   the largest copy size that still runs at least 1.5 times faster than
   memory (the cache tier's size);
-* chains of tiny fused Inductor kernels, compiled and timed in a subprocess
+* a tiny element-wise op (the fixed cost of one kernel);
+* with ``fused=True`` only (``python -m ckpt calibrate``): chains of tiny
+  fused Inductor kernels, compiled and timed in a subprocess
   (:mod:`ckpt.cost_model.fused_calibration`): the per-element cost of simple
   and of transcendental fused work, and of writing and reading bool tensors
   from fused kernels (without a working compiler, estimates from an eager
-  multiply and ``erf`` stand in);
-* a tiny element-wise op (the fixed cost of one kernel).
+  multiply and ``erf`` stand in).
+
+**First use is quick.**  Compiling and timing the fused kernels takes about
+ten seconds, so a process that finds no cached profile measures everything
+else (about a second) and takes the fused per-element costs from
+:data:`FUSED_DEFAULTS`: ratios to the measured fp32 matrix rate, measured on
+a reference machine.  ``python -m ckpt calibrate`` measures them on this
+machine and replaces the cached profile; the profile's ``source`` says which
+it holds.
 
 Compute rates are measured on one thread and multiplied by the thread count,
 since a parallel region waits for its slowest thread and one busy core would
 distort the reading.  Each figure is the fastest of a few repetitions after a
 warm-up: other work on the machine can only add time, so the minimum is the
-least disturbed reading.  The whole run takes about ten seconds, once per machine.  The result is cached as JSON
+least disturbed reading.  The result is cached as JSON
 under the cache directory (``CKPT_CACHE_DIR``, else ``$XDG_CACHE_HOME/ckpt``,
 else ``~/.cache/ckpt``), keyed by CPU model, thread count and torch version.
 A file lock makes processes that start together (for example the ranks of one
@@ -43,11 +52,22 @@ from ckpt.cost_model.fused_calibration import measure_fused_costs
 from ckpt.cost_model.profiles import DeviceProfile
 from ckpt.cost_model.timing import fastest_seconds
 
-__all__ = ["calibrate_cpu", "cpu_profile"]
+__all__ = ["FUSED_DEFAULTS", "calibrate_cpu", "cpu_profile"]
 
 log = logging.getLogger(__name__)
 
 _FORMAT_VERSION = 4
+
+# Seconds per element of fused work, times the fp32 matrix FLOP/s of the same machine: what
+# the fused-kernel calibration measured on the reference machine (a 2-thread Xeon, torch
+# 2.13, mean of two calibrations).  Per-element costs scale with the machine's compute
+# rate to first order; ``python -m ckpt calibrate`` measures them instead.
+FUSED_DEFAULTS: dict[str, float] = {
+    "simple": 0.05,  # one multiply or add: far below its memory traffic either way
+    "transcendental": 260.0,  # one erf
+    "byte_store": 1740.0,  # writing one bool element from a fused kernel, beyond its byte
+    "byte_load": 540.0,  # reading one bool element, beyond its byte
+}
 
 
 def _cpu_model() -> str:
@@ -97,8 +117,13 @@ def _per_element(fn: Callable[[torch.Tensor, torch.Tensor], object], elements: i
     return fastest_seconds(lambda: fn(src, dst), 50) / elements
 
 
-def calibrate_cpu() -> DeviceProfile:
-    """Measure the CPU rates now (about ten seconds) and return the profile."""
+def calibrate_cpu(*, fused: bool = True) -> DeviceProfile:
+    """Measure the CPU rates now and return the profile.
+
+    ``fused=False`` skips compiling and timing fused Inductor kernels (about
+    ten seconds; the rest takes about one) and scales :data:`FUSED_DEFAULTS`
+    by the measured fp32 matrix rate instead.
+    """
     threads = torch.get_num_threads()
     # Compute rates are measured on one thread and scaled by the thread count: a parallel
     # region waits for its slowest thread, so one busy core would distort the reading.
@@ -112,11 +137,18 @@ def calibrate_cpu() -> DeviceProfile:
         w = torch.randn(64, 64, 3, 3).contiguous(memory_format=torch.channels_last)
         conv_flops = 2 * 4 * 64 * 28 * 28 * 64 * 9
         conv = threads * conv_flops / fastest_seconds(lambda: torch.conv2d(x, w, padding=1), 5)
-    fused = measure_fused_costs(threads)
-    if fused is not None:
-        simple, transcendental = fused["simple"], fused["transcendental"]
-        byte_store, byte_load = fused["byte_store"], fused["byte_load"]
+    measured = measure_fused_costs(threads) if fused else None
+    if not fused:
+        simple, transcendental, byte_store, byte_load = (
+            FUSED_DEFAULTS[key] / fp32 for key in ("simple", "transcendental", "byte_store", "byte_load")
+        )
+        fused_source = "fused-kernel costs scaled from the reference machine (python -m ckpt calibrate measures them)"
+    elif measured is not None:
+        simple, transcendental = measured["simple"], measured["transcendental"]
+        byte_store, byte_load = measured["byte_store"], measured["byte_load"]
+        fused_source = "fused Inductor kernels"
     else:
+        fused_source = "eager multiply and erf (fused kernels could not be timed)"
         # Without a compiler: a simple op is about one FLOP at the matrix rate, and a
         # transcendental costs what an eager erf costs beyond an eager multiply.
         with _one_thread():
@@ -140,8 +172,8 @@ def calibrate_cpu() -> DeviceProfile:
         kernel_overhead=_round(overhead),
         source=(
             f"measured on this machine ({_cpu_model()}, {threads} threads): 512x512 fp32/bf16 matmul, 3x3 "
-            "convolution (one thread, scaled by the thread count), fused Inductor kernels, 64 MiB and 1 MiB "
-            "copies, tiny element-wise op"
+            "convolution (one thread, scaled by the thread count), 64 MiB and 1 MiB copies, tiny element-wise "
+            f"op; {fused_source}"
         ),
         element_seconds=_round(simple),
         transcendental_seconds=_round(transcendental),
@@ -202,19 +234,30 @@ def _dump(profile: DeviceProfile) -> str:
 
 
 def cpu_profile(*, recalibrate: bool = False) -> DeviceProfile:
-    """The cached ``cpu`` profile for this machine, measuring it on first use."""
+    """The cached ``cpu`` profile for this machine, measuring it on first use (quickly: see the module).
+
+    ``recalibrate=True`` measures everything again, fused kernels included,
+    and replaces the cached profile.
+    """
     directory = cache_dir()
     path = directory / f"cpu-profile-{_machine_key()}.json"
     try:
         with _locked(directory / "calibrate.lock"):
             profile = None if recalibrate else _load(path)
             if profile is None:
-                log.info("ckpt: calibrating the cpu profile (about ten seconds, once); cached at %s", path)
-                profile = calibrate_cpu()
+                if recalibrate:
+                    log.info("ckpt: calibrating the cpu profile with fused kernels (about ten seconds)")
+                else:
+                    log.info(
+                        "ckpt: calibrating the cpu profile (about a second, once; cached at %s). "
+                        "`python -m ckpt calibrate` also times fused kernels on this machine",
+                        path,
+                    )
+                profile = calibrate_cpu(fused=recalibrate)
                 tmp = path.with_suffix(f".tmp{os.getpid()}")
                 tmp.write_text(_dump(profile), encoding="utf-8")
                 os.replace(tmp, path)
             return profile
     except OSError as error:  # read-only home, full disk: measure without caching
         log.warning("ckpt: cannot use the calibration cache at %s (%s); measuring without it", directory, error)
-        return calibrate_cpu()
+        return calibrate_cpu(fused=recalibrate)
