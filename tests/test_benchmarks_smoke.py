@@ -92,3 +92,15 @@ def test_plan_at_scale_on_fake_tensors_gives_consistent_rows():
     table = markdown([result], "python -m benchmarks.plan_at_scale", profile)
     for text in ("## llama tiny", "| budget 0.5 |", "| peak 0.5 |", torch.__version__):
         assert text in table
+
+
+def test_solver_speed_rows_time_the_solve_and_the_planning_step():
+    from benchmarks.solver_speed import FRACTIONS, measure_layers
+    from ckpt.cost_model.profiles import GPU_PROFILES
+
+    rows = measure_layers(1, GPU_PROFILES["h100"])
+    assert [r.fraction for r in rows] == list(FRACTIONS)
+    for row in rows:
+        assert row.plan_s > 0 and row.peak_bytes > 0
+        within = row.budget_bytes is None or row.plan_bytes <= row.budget_bytes or row.minimum_bytes is not None
+        assert within, row
