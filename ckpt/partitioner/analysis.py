@@ -85,6 +85,7 @@ class JointAnalysis:
     root_names: dict[str, str]  # view name -> name of the value whose storage it aliases
     save_bytes_exprs: tuple[Size, ...]  # save_bytes as expressions in the size symbols
     size_hints: dict[Any, int]  # size symbol -> hint
+    copied_inputs: frozenset[str] = frozenset()  # graph inputs Inductor copies to channels-last (by name)
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ class _Context:
     users: dict[fx.Node, list[fx.Node]]  # users of each root, looking through views
     fwd_output_roots: set[fx.Node]
     charged_inputs: set[fx.Node]  # graph inputs whose saving keeps memory alive
+    copied_inputs: set[fx.Node]  # graph inputs Inductor copies to channels-last for its convolutions
 
 
 def analyze_joint(
@@ -175,6 +177,7 @@ def analyze_joint(
         root_names=root_names,
         save_bytes_exprs=tuple(r.save_bytes_expr for r in rows),
         size_hints=context.sizes.hints,
+        copied_inputs=frozenset(n.name for n in context.copied_inputs),
     )
 
 
@@ -196,9 +199,9 @@ def _context(
             continue
         for arg in node.all_input_nodes:
             users.setdefault(root_of(arg, kinds), []).append(node)
-    charged_inputs = _inputs_copied_for_convolution(joint, lambda n: root_of(n, kinds))
+    copied_inputs = _inputs_copied_for_convolution(joint, lambda n: root_of(n, kinds))
     primals = [n for n in joint.graph.nodes if n.op == "placeholder" and compat.is_primal(n)]
-    charged_inputs |= {primals[i] for i in sorted(activation_inputs) if i < len(primals)}
+    charged_inputs = copied_inputs | {primals[i] for i in sorted(activation_inputs) if i < len(primals)}
     return _Context(
         profile=profile,
         sizes=sizes,
@@ -208,6 +211,7 @@ def _context(
         users=users,
         fwd_output_roots={root_of(n, kinds) for n in graph.fwd_outputs},
         charged_inputs=charged_inputs,
+        copied_inputs=copied_inputs,
     )
 
 

@@ -13,7 +13,9 @@ on the result without touching ``torch.fx``.
   inside its loops) fuse unless a reduction or library call needs them;
   reductions and everything else (library calls, collectives, mutations,
   multi-output ops' outputs) allocate.  Parameters and the user's inputs live
-  anyway and count nothing; tangents count.
+  anyway and count nothing, except the channels-last copies Inductor makes of
+  those a convolution reads (allocated where the convolution runs, like a
+  pointwise value a library call reads); tangents count.
 """
 
 from __future__ import annotations
@@ -42,7 +44,10 @@ def _is_reduction(node: fx.Node) -> bool:
 def _kind(node: fx.Node, analysis: JointAnalysis, backward: bool) -> Materialise:
     value = node.meta.get("val")
     if node.op == "placeholder":
-        return Materialise.BUFFER if backward and isinstance(value, torch.Tensor) else Materialise.FREE
+        if backward and isinstance(value, torch.Tensor):
+            return Materialise.BUFFER
+        # A channels-last copy for a convolution: allocated where the convolution reads it.
+        return Materialise.FUSIBLE if node.name in analysis.copied_inputs else Materialise.FREE
     if node.op != "call_function":
         return Materialise.FREE
     if isinstance(value, (tuple, list)):
