@@ -22,7 +22,7 @@ def test_demo_rows_agree_on_the_loss_and_keep_their_budgets():
     reference = rows[0].loss
     for row in rows:
         assert row.loss == pytest.approx(reference, rel=1e-5), f"{row.setting}: loss {row.loss} against {reference}"
-        assert row.step_ms > 0
+        assert row.step_ms > 0 and row.peak_mib > row.activation_mib
     no_cap, half, quarter = rows[1:]
     assert no_cap.budget_mib is None
     for row in (half, quarter):

@@ -2,8 +2,9 @@
 
 Rows: default ``torch.compile``, then ``backend="ckpt"`` with no cap and at
 budgets 0.5 and 0.25.  Each row shows the measured activation MiB (saved
-tensors, counted by :mod:`ckpt.measure`), the median step time, and the loss
-after the last step.  Every setting starts from the same weights and the same
+tensors, counted by :mod:`ckpt.measure`), the peak of one more step
+(:func:`ckpt.measure.peak_memory`), the median step time, and the loss after
+the last step.  Every setting starts from the same weights and the same
 seed, so the losses agree: recomputation changes memory and time, not results.
 The settings are trained side by side, one step of each in turn, so that the
 machine's drift hits them alike.
@@ -25,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ckpt import _torch_compat as compat
-from ckpt.measure import saved_activations
+from ckpt.measure import peak_memory, saved_activations
 from ckpt.records import record_partitions
 from ckpt.tools.common import rotation
 from ckpt.tools.progress import Progress
@@ -87,6 +88,7 @@ class DemoRow:
     budget_mib: float | None  # the ckpt cap, summed over the compiled graphs
     step_ms: float
     loss: float
+    peak_mib: float = math.nan  # one more forward and backward, measured; no optimizer step
 
 
 def _settings() -> list[tuple[str, Callable[[nn.Module], Callable[..., Any]]]]:
@@ -171,20 +173,45 @@ def run_demo(steps: int = 8, device: str | None = None, stream: TextIO = sys.std
             _step(run, idx, targets, device, timed=step > 0)
             progress.update(f"{run.name}: step {step + 1}/{steps}")
     progress.close()
+    idx, targets = data[-1, :, :-1], data[-1, :, 1:]
+    peaks = {run.name: _peak_mib(run, idx, targets, device) for run in runs}
     rows = []
     for run in runs:
         caps = run.budgets or []
         budget_mib = sum(c for c in caps if c is not None) / 2**20 if caps and None not in caps else None
         rows.append(
-            DemoRow(run.name, run.saved_bytes / 2**20, budget_mib, statistics.median(run.times) * 1e3, run.loss)
+            DemoRow(
+                run.name,
+                run.saved_bytes / 2**20,
+                budget_mib,
+                statistics.median(run.times) * 1e3,
+                run.loss,
+                peaks[run.name],
+            )
         )
     return rows
 
 
+def _peak_mib(run: _Run, idx: torch.Tensor, targets: torch.Tensor, device: str) -> float:
+    """The peak of one more forward and backward (gradients dropped, RNG state restored)."""
+    rng, cuda_rng = torch.get_rng_state(), torch.cuda.get_rng_state() if device == "cuda" else None
+    torch.set_rng_state(run.rng)
+    run.optimizer.zero_grad(set_to_none=True)
+    peak = peak_memory(lambda: run.compiled(idx, targets).backward(), device)
+    run.optimizer.zero_grad(set_to_none=True)
+    torch.set_rng_state(rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state(cuda_rng)
+    return peak.mib
+
+
 def format_rows(rows: list[DemoRow], steps: int) -> str:
-    header = f"| setting | activation MiB | budget MiB | step ms (median) | loss after {steps} steps |"
-    lines = [header, "|---|---:|---:|---:|---:|"]
+    header = f"| setting | activation MiB | budget MiB | step peak MiB | step ms (median) | loss after {steps} steps |"
+    lines = [header, "|---|---:|---:|---:|---:|---:|"]
     for row in rows:
         budget = "-" if row.budget_mib is None else f"{row.budget_mib:.2f}"
-        lines.append(f"| {row.setting} | {row.activation_mib:.2f} | {budget} | {row.step_ms:.1f} | {row.loss:.6f} |")
+        lines.append(
+            f"| {row.setting} | {row.activation_mib:.2f} | {budget} | {row.peak_mib:.2f} | {row.step_ms:.1f} "
+            f"| {row.loss:.6f} |"
+        )
     return "\n".join(lines)
