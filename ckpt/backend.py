@@ -217,14 +217,18 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         """The plan for an analysed joint graph, its budget and peak cap in bytes, and the seconds it took.
 
         The budget resolves against what autograd saves; the solve is followed
-        by the peak step (the cap, or the lowest peak within the slack).  This
-        is all the planning :meth:`__call__` does before extracting the graphs,
-        so tools can plan a traced joint graph exactly as the backend would.
+        by the peak step (the cap, or the lowest peak within the slack).  A
+        fractional budget under dynamic shapes is checked again on the peak
+        step's plan: the budget is a promise at every size, the peak a
+        preference.  This is all the planning :meth:`__call__` does before
+        extracting the graphs, so tools can plan a traced joint graph exactly
+        as the backend would.
         """
         budget_bytes = self.config.budget.resolve(analysis.reference_bytes)
         started = time.perf_counter()
         plan = self._solve(analysis, budget_bytes)
         plan, peak_cap = self._fit_peak(name, analysis, peak_graph, plan, budget_bytes)
+        plan = self._fit_fraction(analysis, budget_bytes, plan)
         return plan, budget_bytes, peak_cap, time.perf_counter() - started
 
     def _activation_inputs(self, gm: fx.GraphModule) -> frozenset[int]:
@@ -241,28 +245,36 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             return frozenset()
         return self.activation_inputs
 
-    def _solve(self, analysis: JointAnalysis, budget_bytes: int | None) -> Plan:
+    def _resolve(self, analysis: JointAnalysis, cap: int | None) -> Plan:
         # Stop searching once no plan can beat this one by 0.5% of the estimated step: less than
         # the cost model's own accuracy.
         tolerance = to_picoseconds(analysis.fixed_seconds * 5e-3)
+        return solve(
+            analysis.problem,
+            cap,
+            effort=self.config.solver_effort,
+            tolerance_ps=tolerance,
+            slack_ps=2 * tolerance,  # the leanest plan within 1% of the fastest the budget allows
+        )
 
-        def resolve(cap: int | None) -> Plan:
-            return solve(
-                analysis.problem,
-                cap,
-                effort=self.config.solver_effort,
-                tolerance_ps=tolerance,
-                slack_ps=2 * tolerance,  # the leanest plan within 1% of the fastest the budget allows
-            )
+    def _solve(self, analysis: JointAnalysis, budget_bytes: int | None) -> Plan:
+        return self._fit_fraction(analysis, budget_bytes, self._resolve(analysis, budget_bytes))
 
-        plan = resolve(budget_bytes)
+    def _fit_fraction(self, analysis: JointAnalysis, budget_bytes: int | None, plan: Plan) -> Plan:
+        """Under dynamic shapes, a plan whose fraction holds at every sample size (:mod:`ckpt.partitioner.symbolic`)."""
         fraction = self.config.budget.fraction
-        if fraction is not None and budget_bytes is not None:
-            baseline = make_plan(analysis.problem, analysis.reference_saved, "autograd", optimal=False)
-            plan = fit_fraction(
-                plan, fraction, budget_bytes, baseline, analysis.save_bytes_exprs, analysis.size_hints, resolve
-            )
-        return plan
+        if fraction is None or budget_bytes is None:
+            return plan
+        baseline = make_plan(analysis.problem, analysis.reference_saved, "autograd", optimal=False)
+        return fit_fraction(
+            plan,
+            fraction,
+            budget_bytes,
+            baseline,
+            analysis.save_bytes_exprs,
+            analysis.size_hints,
+            lambda cap: self._resolve(analysis, cap),
+        )
 
     def _fit_peak(
         self, name: str, analysis: JointAnalysis, peak_graph: PeakGraph, plan: Plan, budget_bytes: int | None

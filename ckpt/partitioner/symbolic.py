@@ -1,13 +1,13 @@
 """Keep a fractional budget at every size when sizes are symbolic.
 
 Under dynamic shapes one plan serves every size, but it is chosen at the size
-hints.  Saved values can grow faster than the no-recompute plan (attention
+hints.  Saved values can grow faster than what autograd saves (attention
 scores grow with the square of the sequence), so a plan that keeps 50% at the
 hints can keep more at other sizes.  :func:`fit_fraction` checks the plan's
-ratio ``saved bytes / no-recompute bytes`` at sample sizes around the hints
+ratio ``saved bytes / bytes autograd saves`` at sample sizes around the hints
 (each symbol and all together scaled from 1/4 to 8 times) and, while the ratio
-exceeds the fraction somewhere, re-solves with a proportionally tighter cap at
-the hints.
+exceeds the fraction somewhere, re-solves with a cap at the hints below the
+plan's bytes, scaled by fraction / ratio.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def fit_fraction(
     hints: dict[Any, int],
     resolve: Callable[[int], Plan],
 ) -> Plan:
-    """A plan whose saved/no-recompute ratio stays within ``fraction`` at every sample size.
+    """A plan whose saved/reference ratio stays within ``fraction`` at every sample size.
 
     ``resolve(cap)`` solves again with a byte cap at the hints.  Gives up after
     a few rounds with the last (leanest) plan tried, and warns with the ratio it reached.
@@ -113,15 +113,17 @@ def fit_fraction(
         ratio = ratio_of(plan)
         if ratio <= fraction + 1e-12:
             return plan
-        cap = min(cap - 1, int(cap * fraction / ratio))
+        # Scale the plan's own bytes, not the cap: a plan far below the cap at the hints can
+        # still exceed the fraction at larger sizes, and only a cap below it changes the plan.
+        cap = min(cap - 1, int(plan.bytes * fraction / ratio))
         if cap < 0:
             break
-        log.debug("plan keeps %.3f of the no-recompute bytes at some size; re-solving with cap %d", ratio, cap)
+        log.debug("plan keeps %.3f of what autograd saves at some size; re-solving with cap %d", ratio, cap)
         plan = resolve(cap)
         if plan.over_budget:
             break
     log.warning(
-        "ckpt: under dynamic shapes the plan keeps up to %.3f of the no-recompute bytes at some sizes (budget %g)",
+        "ckpt: under dynamic shapes the plan keeps up to %.3f of what autograd saves at some sizes (budget %g)",
         ratio_of(plan),
         fraction,
     )

@@ -127,7 +127,8 @@ def _step(run: _Run, idx: torch.Tensor, targets: torch.Tensor, device: str, time
     if device == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    with compat.compile_caches_disabled(), saved_activations(run.model) as saved, record_partitions() as records:
+    caches_off = compat.compile_caches_disabled()
+    with caches_off, saved_activations(run.model, idx, targets) as saved, record_partitions() as records:
         loss = run.compiled(idx, targets)
     loss.backward()
     run.optimizer.step()

@@ -54,7 +54,7 @@ def _plan(joint, seconds_per_reading: float, monkeypatch, effort: float | None =
     monkeypatch.setattr(time, "perf_counter", _TickingClock(seconds_per_reading).perf_counter)
     return solve(
         analysis.problem,
-        int(FRACTION * analysis.reference_bytes),
+        int(FRACTION * analysis.no_recompute_bytes),  # a byte cap where the repair search has work to do
         effort=CkptConfig().solver_effort if effort is None else effort,
         tolerance_ps=to_picoseconds(analysis.fixed_seconds * 5e-3),  # as the backend sets it
     )
