@@ -239,20 +239,9 @@ PEAK_MONOTONE_SLACK = 0.02
 RESNET_PEAK_GOAL = 0.6
 
 
-def _peak(point: SettingResult) -> int | None:
-    if point.step_peak is not None:
-        return point.step_peak
-    return max(point.peak_bytes) if point.peak_bytes else None
-
-
-def _predicted_peak(point: SettingResult) -> int | None:
-    peaks = [g.get("predicted_peak") for g in point.graphs]
-    return sum(peaks) if peaks and None not in peaks else None  # type: ignore[arg-type]
-
-
 def _reference_peak(model: ModelResult) -> int | None:
     point = next((r for r in model.settings if r.setting.key == "compile" and r.error is None), None)
-    return None if point is None else _peak(point)
+    return None if point is None else point.measured_peak
 
 
 def _ckpt_points(model: ModelResult) -> list[SettingResult]:
@@ -263,7 +252,7 @@ def _peak_predicted(models: list[ModelResult], verdicts: list[ModelVerdict]) -> 
     errors, misses = [], []
     for model in models:
         for point in _ckpt_points(model):
-            measured, predicted = _peak(point), _predicted_peak(point)
+            measured, predicted = point.measured_peak, point.predicted_peak
             if not measured or predicted is None:
                 continue
             error = predicted / measured - 1
@@ -280,7 +269,7 @@ def _peak_cap_kept(models: list[ModelResult], verdicts: list[ModelVerdict]) -> T
     for model in models:
         for point in _ckpt_points(model):
             caps = [g.get("peak_cap_bytes") for g in point.graphs]
-            measured = _peak(point)
+            measured = point.measured_peak
             if not caps or None in caps or measured is None:
                 continue
             cap = sum(caps)  # type: ignore[arg-type]
@@ -295,14 +284,14 @@ def _peak_monotone(models: list[ModelResult], verdicts: list[ModelVerdict]) -> T
     checked, misses = 0, []
     for model in models:
         reference = _reference_peak(model)
-        points = [p for p in _ckpt_points(model) if p.setting.peak is None and _peak(p) is not None]
+        points = [p for p in _ckpt_points(model) if p.setting.peak is None and p.measured_peak is not None]
         points = [p for p in points if p.setting.budget is None or p.setting.budget >= 0.1]
         points.sort(key=lambda p: -(2.0 if p.setting.budget is None else p.setting.budget))
         if reference is None or len(points) < 2:
             continue
         checked += 1
         for larger, smaller in zip(points, points[1:]):
-            rise = _peak(smaller) - _peak(larger)  # type: ignore[operator]
+            rise = smaller.measured_peak - larger.measured_peak  # type: ignore[operator]
             if rise > PEAK_MONOTONE_SLACK * reference:
                 misses.append(
                     f"{model.name}: {smaller.setting.label} peaks {rise / reference:.1%} of the no-recompute peak "
@@ -316,9 +305,9 @@ def _peak_monotone(models: list[ModelResult], verdicts: list[ModelVerdict]) -> T
 def _matched_peak(models: list[ModelResult], verdicts: list[ModelVerdict]) -> Target:
     ratios, misses = [], []
     for model, verdict in zip(models, verdicts):
-        knob = [r for r in _measured(model) if r.setting.family == TORCH_BUDGET and _peak(r) is not None]
-        for point in (p for p in _measured(model) if p.setting.family == CKPT and _peak(p) is not None):
-            lower = [k for k in knob if _peak(k) <= _peak(point)]  # type: ignore[operator]
+        knob = [r for r in _measured(model) if r.setting.family == TORCH_BUDGET and r.measured_peak is not None]
+        for point in (p for p in _measured(model) if p.setting.family == CKPT and p.measured_peak is not None):
+            lower = [k for k in knob if k.measured_peak <= point.measured_peak]  # type: ignore[operator]
             if not lower:
                 continue
             best = min(lower, key=lambda k: k.step_s)  # type: ignore[arg-type,return-value]
@@ -339,17 +328,17 @@ def _resnet_peak(models: list[ModelResult], verdicts: list[ModelVerdict]) -> Tar
     by_key = {r.setting.key: r for r in model.settings if r.error is None}
     parts, misses = [], []
     budget = by_key.get("ckpt-0.1")
-    if budget is not None and _peak(budget) is not None:
-        ratio = _peak(budget) / reference  # type: ignore[operator]
+    if budget is not None and budget.measured_peak is not None:
+        ratio = budget.measured_peak / reference  # type: ignore[operator]
         parts.append(f"ckpt 0.1 x{ratio:.2f}")
         if ratio > RESNET_PEAK_GOAL:
             misses.append(f"ckpt 0.1 peaks x{ratio:.2f} of the no-recompute peak")
     capped, hand = by_key.get("ckpt-peak-0.5"), by_key.get("eager-checkpoint")
-    if capped is not None and _peak(capped) is not None:
-        parts.append(f"ckpt peak 0.5 x{_peak(capped) / reference:.2f}")  # type: ignore[operator]
-        if hand is not None and _peak(hand) is not None:
-            parts.append(f"eager checkpoint x{_peak(hand) / reference:.2f}")  # type: ignore[operator]
-            if _peak(capped) > _peak(hand):  # type: ignore[operator]
+    if capped is not None and capped.measured_peak is not None:
+        parts.append(f"ckpt peak 0.5 x{capped.measured_peak / reference:.2f}")  # type: ignore[operator]
+        if hand is not None and hand.measured_peak is not None:
+            parts.append(f"eager checkpoint x{hand.measured_peak / reference:.2f}")  # type: ignore[operator]
+            if capped.measured_peak > hand.measured_peak:  # type: ignore[operator]
                 misses.append("ckpt peak 0.5 peaks above eager checkpoint")
     goal = f"ckpt 0.1 <= {RESNET_PEAK_GOAL} x no-recompute peak; ckpt peak 0.5 <= eager checkpoint"
     return Target("ResNet peak", goal, ", ".join(parts) or "n/a", not misses if parts else None, misses)

@@ -46,6 +46,7 @@ def _child(setting: str, layers: int) -> dict[str, Any]:
     import torch
 
     from benchmarks.language_models import GPT, GPTConfig
+    from benchmarks.settings import torch_budget
     from ckpt import _torch_compat as compat
     from ckpt.records import record_partitions
 
@@ -57,7 +58,7 @@ def _child(setting: str, layers: int) -> dict[str, Any]:
         compiled = torch.compile(model, backend="ckpt", options={"memory_budget": value})
     else:
         compiled = torch.compile(model)
-    knob = contextlib.nullcontext() if family != "torch" else _torch_budget(float(value))
+    knob = contextlib.nullcontext() if family != "torch" else torch_budget(float(value))
     times = []
     with compat.compile_caches_disabled(), knob, record_partitions() as records:
         for _ in range(2):
@@ -74,12 +75,6 @@ def _child(setting: str, layers: int) -> dict[str, Any]:
         "plan_s": sum(r.solve_seconds for r in records),
         "graphs": len(records),
     }
-
-
-def _torch_budget(fraction: float) -> Any:
-    import torch._functorch.config as functorch_config
-
-    return functorch_config.patch(activation_memory_budget=fraction)
 
 
 def _measure(setting: str, layers: int, cache_root: Path) -> dict[str, Any]:

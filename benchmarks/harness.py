@@ -70,6 +70,19 @@ class SettingResult:
     error: str | None = None
 
     @property
+    def measured_peak(self) -> int | None:
+        """The step's measured peak: the profiled step, else the highest of the timed GPU steps."""
+        if self.step_peak is not None:
+            return self.step_peak
+        return max(self.peak_bytes) if self.peak_bytes else None
+
+    @property
+    def predicted_peak(self) -> int | None:
+        """ckpt's predicted peak, summed over graphs; None unless every graph has one."""
+        peaks = [g.get("predicted_peak") for g in self.graphs]
+        return sum(peaks) if peaks and None not in peaks else None  # type: ignore[arg-type]
+
+    @property
     def step_s(self) -> float | None:
         return statistics.median(self.samples_s) if self.samples_s else None
 

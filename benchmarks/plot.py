@@ -11,7 +11,6 @@ import math
 from pathlib import Path
 
 from benchmarks.harness import ModelResult, SettingResult
-from benchmarks.report import measured_peak
 from benchmarks.settings import CKPT, COMPILE, EAGER, EAGER_CHECKPOINT, TORCH_BUDGET, Setting
 
 __all__ = ["PlotUnavailable", "matplotlib_available", "plot_results"]
@@ -66,7 +65,7 @@ def _family(setting: Setting) -> str:
 
 
 def _memory(result: SettingResult, memory: str) -> int | None:
-    return result.activation_bytes if memory == "activation" else measured_peak(result)
+    return result.activation_bytes if memory == "activation" else result.measured_peak
 
 
 def _panel(axes, model: ModelResult, memory: str) -> None:

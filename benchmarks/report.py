@@ -42,18 +42,6 @@ def _mib(value: int | None) -> str:
     return _fmt(None if value is None else value / MIB)
 
 
-def measured_peak(result: SettingResult) -> int | None:
-    """The step's measured peak: the profiled step, else the highest of the timed GPU steps."""
-    if result.step_peak is not None:
-        return result.step_peak
-    return max(result.peak_bytes) if result.peak_bytes else None
-
-
-def predicted_peak(result: SettingResult) -> int | None:
-    peaks = [g.get("predicted_peak") for g in result.graphs]
-    return sum(peaks) if peaks and None not in peaks else None  # type: ignore[arg-type]
-
-
 def _setting_row(result: SettingResult, compile_s: float | None) -> str:
     columns = len(_COLUMNS)
     if result.error is not None:
@@ -76,8 +64,8 @@ def _setting_row(result: SettingResult, compile_s: float | None) -> str:
         _fmt(solve, "{:.3f}"),
         _mib(budget),
         _mib(predicted),
-        _mib(measured_peak(result)),
-        _mib(predicted_peak(result)),
+        _mib(result.measured_peak),
+        _mib(result.predicted_peak),
     ]
     return "| " + " | ".join(cells) + " |"
 

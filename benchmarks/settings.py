@@ -41,6 +41,7 @@ __all__ = [
     "display_order",
     "make_step",
     "select_settings",
+    "torch_budget",
 ]
 
 EAGER, EAGER_CHECKPOINT, COMPILE, TORCH_BUDGET, CKPT = (
@@ -137,7 +138,7 @@ def _fresh_function(tag: str, model: BlockModel, checkpoint_blocks: bool) -> Cal
 
 
 @contextlib.contextmanager
-def _torch_budget(fraction: float) -> Iterator[None]:
+def torch_budget(fraction: float) -> Iterator[None]:
     import torch._functorch.config as functorch_config
 
     with functorch_config.patch(activation_memory_budget=fraction):
@@ -155,7 +156,7 @@ def make_step(setting: Setting, model: BlockModel) -> Step:
     if setting.family == TORCH_BUDGET:
         assert setting.budget is not None
         fraction = setting.budget
-        return Step(setting, torch.compile(fn, fullgraph=True), lambda: _torch_budget(fraction))
+        return Step(setting, torch.compile(fn, fullgraph=True), lambda: torch_budget(fraction))
     from ckpt.backend import ckpt_backend  # the callable, so an uninstalled checkout (PYTHONPATH=.) works too
 
     options = {
