@@ -45,7 +45,9 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Materialise", "PeakGraph", "PeakPrediction", "simulate_peak"]
+from ckpt.partitioner.plan import Plan
+
+__all__ = ["Materialise", "PeakGraph", "PeakPrediction", "predict_plan", "simulate_peak"]
 
 
 class Materialise(enum.Enum):
@@ -387,3 +389,9 @@ def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[i
         saved_bytes=sum(graph.bytes[i] for i in saved_set if graph.kinds[i] is not Materialise.FREE),
         alive_values=top.values,
     )
+
+
+def predict_plan(graph: PeakGraph, plan: Plan) -> PeakPrediction:
+    """The predicted peak of ``plan``, whose indices are the problem's values (``graph.problem_index``)."""
+    mapping = graph.problem_index
+    return simulate_peak(graph, (mapping[i] for i in plan.saved), (mapping[i] for i in plan.recomputed))

@@ -29,8 +29,7 @@ from ckpt import _torch_compat as compat
 from ckpt.cost_model.node_cost import SizeEvaluator, storage_bytes_expr
 from ckpt.cost_model.ops import OpKind
 from ckpt.partitioner.analysis import JointAnalysis
-from ckpt.partitioner.peak import Materialise, PeakGraph, PeakPrediction, simulate_peak
-from ckpt.partitioner.plan import Plan
+from ckpt.partitioner.peak import Materialise, PeakGraph, PeakPrediction, predict_plan
 
 __all__ = ["build_peak_graph", "describe", "predict_plan"]
 
@@ -108,12 +107,6 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         tangents=frozenset(i for i, n in enumerate(nodes) if n.op == "placeholder" and backward[i]),
         problem_index=tuple(index[name] for name in analysis.problem.names),
     )
-
-
-def predict_plan(graph: PeakGraph, plan: Plan) -> PeakPrediction:
-    """The predicted peak of ``plan``, whose indices are the analysis's problem values."""
-    mapping = graph.problem_index
-    return simulate_peak(graph, (mapping[i] for i in plan.saved), (mapping[i] for i in plan.recomputed))
 
 
 def describe(prediction: PeakPrediction) -> dict[str, Any]:

@@ -37,7 +37,7 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ckpt.partitioner.peak import PeakGraph, PeakPrediction, simulate_peak
+from ckpt.partitioner.peak import PeakGraph, PeakPrediction, predict_plan, simulate_peak
 from ckpt.partitioner.plan import Plan
 from ckpt.partitioner.problem import Problem, recompute_closure
 
@@ -76,11 +76,6 @@ class PeakSearchResult:
     start_peak: int  # predicted peak of the solver's plan before any pinning
     lowest_peak: int  # the lowest predicted peak the walk reached
     steps: int  # plans the walk produced after the first
-
-
-def _predict(graph: PeakGraph, plan: Plan) -> PeakPrediction:
-    mapping = graph.problem_index
-    return simulate_peak(graph, (mapping[i] for i in plan.saved), (mapping[i] for i in plan.recomputed))
 
 
 def _best_pin(problem: Problem, graph: PeakGraph, plan: Plan, prediction: PeakPrediction) -> int | None:
@@ -127,7 +122,7 @@ def peak_walk(
     pinned: frozenset[int] = frozenset()
     budget = budget_bytes
     plan = solve_fn(budget, pinned)
-    prediction = _predict(graph, plan)
+    prediction = predict_plan(graph, plan)
     yield plan, prediction
     for _ in range(max_steps):
         if plan.over_budget:
@@ -146,7 +141,7 @@ def peak_walk(
         else:
             return
         plan = solve_fn(budget, pinned)
-        prediction = _predict(graph, plan)
+        prediction = predict_plan(graph, plan)
         log.debug(
             "peak walk: peak %d bytes in the %s, %d saved bytes", prediction.peak_bytes, prediction.phase, plan.bytes
         )
