@@ -141,3 +141,25 @@ def test_the_fraction_reference_is_what_autograd_saves(name):
     saved_inputs = [i for i in analysis.reference_saved if analysis.nodes[i].op == "placeholder"]
     inputs = sum(analysis.problem.save_bytes[i] for i in saved_inputs)
     assert saved.bytes > 0 and saved.bytes == analysis.reference_bytes - inputs
+
+
+def test_a_view_s_symbolic_sizes_are_read_by_whatever_reads_the_view():
+    """Recomputing past ``view(x, [s, 4])`` needs ``s`` in the backward, though only the view takes it."""
+    import operator
+
+    import torch.fx as fx
+
+    from ckpt.cost_model.ops import classify
+    from ckpt.partitioner.joint_graph import read_roots
+
+    graph = fx.Graph()
+    size = graph.placeholder("s")
+    x = graph.placeholder("x")
+    mm = graph.call_function(torch.ops.aten.mm.default, (x, x))
+    view = graph.call_function(torch.ops.aten.view.default, (mm, [size, 4]))
+    picked = graph.call_function(torch.ops.aten.unbind.int, (view,))
+    first = graph.call_function(operator.getitem, (picked, 0))
+    tanh = graph.call_function(torch.ops.aten.tanh.default, (first,))
+    kinds = {node: classify(node) for node in graph.nodes}
+    assert set(read_roots(tanh, kinds)) == {mm, size}
+    assert set(read_roots(view, kinds)) == {mm, size}

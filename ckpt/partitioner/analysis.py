@@ -54,7 +54,14 @@ from ckpt.cost_model.roofline import (
     tensor_write_seconds,
     transfer_seconds,
 )
-from ckpt.partitioner.joint_graph import JointGraph, classify_joint, recompute_constraint, root_of, save_constraint
+from ckpt.partitioner.joint_graph import (
+    JointGraph,
+    classify_joint,
+    read_roots,
+    recompute_constraint,
+    root_of,
+    save_constraint,
+)
 from ckpt.partitioner.problem import Problem, ProblemError, evaluate
 
 __all__ = ["JointAnalysis", "analyze_joint", "to_picoseconds"]
@@ -143,7 +150,7 @@ def analyze_joint(
     rows = [_price(node, context) for node in ordered]
     problem = Problem(
         names=tuple(n.name for n in ordered),
-        inputs=tuple(tuple(sorted({index[root_of(a, kinds)] for a in n.all_input_nodes})) for n in ordered),
+        inputs=tuple(tuple(sorted({index[r] for r in read_roots(n, kinds)})) for n in ordered),
         needed=tuple(n in needed for n in ordered),
         save_bytes=tuple(r.save_bytes for r in rows),
         save_time=tuple(r.save_time for r in rows),
@@ -197,8 +204,8 @@ def _context(
     for node in joint.graph.nodes:
         if node.op == "output" or kinds[node] is OpKind.VIEW:
             continue
-        for arg in node.all_input_nodes:
-            users.setdefault(root_of(arg, kinds), []).append(node)
+        for root in read_roots(node, kinds):
+            users.setdefault(root, []).append(node)
     copied_inputs = _inputs_copied_for_convolution(joint, lambda n: root_of(n, kinds))
     primals = [n for n in joint.graph.nodes if n.op == "placeholder" and compat.is_primal(n)]
     charged_inputs = copied_inputs | {primals[i] for i in sorted(activation_inputs) if i < len(primals)}
@@ -219,9 +226,9 @@ def _problem_values(graph: JointGraph, kinds: dict[fx.Node, OpKind]) -> tuple[se
     """The roots the backward reads, and those roots with everything they are computed from, in graph order."""
     needed: set[fx.Node] = set()
     for node in graph.backward:
-        for arg in node.all_input_nodes:
-            if arg not in graph.backward:
-                needed.add(root_of(arg, kinds))
+        for root in read_roots(node, kinds):
+            if root not in graph.backward:
+                needed.add(root)
     for node in graph.bwd_outputs:
         if node not in graph.backward:
             needed.add(root_of(node, kinds))
@@ -232,7 +239,7 @@ def _problem_values(graph: JointGraph, kinds: dict[fx.Node, OpKind]) -> tuple[se
         if node in members:
             continue
         members.add(node)
-        stack.extend(root_of(a, kinds) for a in node.all_input_nodes)
+        stack.extend(read_roots(node, kinds))
     return needed, sorted(members, key=graph.order.__getitem__)
 
 

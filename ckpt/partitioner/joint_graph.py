@@ -43,6 +43,7 @@ __all__ = [
     "classify_joint",
     "find_inputs_mutated_after_forward",
     "recompute_constraint",
+    "read_roots",
     "root_of",
     "save_constraint",
 ]
@@ -74,6 +75,35 @@ def root_of(node: fx.Node, kinds: dict[fx.Node, OpKind]) -> fx.Node:
             node = node.args[0]  # type: ignore[assignment]
             continue
         return node
+
+
+def read_roots(node: fx.Node, kinds: dict[fx.Node, OpKind]) -> list[fx.Node]:
+    """The roots ``node`` reads: its inputs' roots, and what the views between them take.
+
+    A view's other arguments (symbolic sizes of a ``view``, say) are read
+    wherever the view is, so a backward that recomputes through a view needs
+    them too.
+    """
+    found: list[fx.Node] = []
+    seen: set[fx.Node] = set()
+    stack = list(node.all_input_nodes)
+    while stack:
+        arg = stack.pop()
+        if arg in seen:
+            continue
+        seen.add(arg)
+        root = root_of(arg, kinds)
+        if root not in found:
+            found.append(root)
+        view = arg
+        while view is not root:  # the views between arg and its root, and their other arguments
+            kind = kinds.get(view)
+            if kind is OpKind.VIEW:
+                stack.extend(view.all_input_nodes[1:])
+                view = view.all_input_nodes[0]
+            else:  # a getitem of a multi-output view
+                view = view.args[0]  # type: ignore[assignment]
+    return found
 
 
 def _mutated_args(node: fx.Node) -> list[fx.Node]:
