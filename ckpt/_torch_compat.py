@@ -54,6 +54,7 @@ __all__ = [
     "has_side_effects",
     "hash_for_files",
     "inductor_fallback_random",
+    "is_inductor_random",
     "inductor_layout_optimization",
     "inductor_lowering_tables",
     "inductor_mode_options",
@@ -146,6 +147,17 @@ def inductor_fallback_random() -> bool:
     import torch._inductor.config as inductor_config
 
     return bool(inductor_config.fallback_random)
+
+
+def is_inductor_random(target: Any) -> bool:
+    """Whether ``target`` is Inductor's own random draw (``prims.inductor_random``).
+
+    Inductor's joint-graph passes put it in place of ``aten.rand`` and friends
+    when ``fallback_random`` is off; its lowering always realises the draw,
+    in float32.
+    """
+    random = getattr(torch.ops.prims, "inductor_random", None)
+    return random is not None and target in (random, getattr(random, "default", None))
 
 
 def eager_rng_order_patches() -> dict[str, Any]:

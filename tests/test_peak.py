@@ -111,6 +111,48 @@ def test_a_pointwise_value_runs_in_its_consumers_kernel() -> None:
     assert prediction.node == "c"
 
 
+def _draw_graph(second_reader: bool) -> PeakGraph:
+    """A dropout draw ``r`` (random) and its mask ``m``: ``y = m * x`` feeds the library call ``z``.
+
+    With ``second_reader``, a second library call ``w`` reads ``m * t``
+    after ``z`` has run: a second kernel reads the draw.
+    """
+    R = Materialise.RANDOM
+    names = ["seed", "x", "r", "m", "y", "z", "t"]
+    kinds = [X, B, R, F, F, B, B]
+    inputs: list[tuple[int, ...]] = [(), (), (0,), (2,), (3, 1), (4,), (5,)]
+    if second_reader:
+        names += ["u", "w"]
+        kinds += [F, B]
+        inputs += [(3, 6), (7,)]
+    n = len(names)
+    return PeakGraph(
+        names=tuple(names),
+        bytes=tuple(0 if k is X else 10 for k in kinds),
+        kinds=tuple(kinds),
+        inputs=tuple(inputs),
+        backward=(False,) * n,
+        required=(True,) * n,
+        outputs=frozenset({n - 1}),
+        gradients=frozenset(),
+        tangents=frozenset(),
+    )
+
+
+def test_a_random_draw_one_kernel_reads_stays_inside_it() -> None:
+    prediction = simulate_peak(_draw_graph(second_reader=False), saved=(), recomputed=())
+    assert "r" not in dict(prediction.alive)
+    assert prediction.forward_bytes == 20  # x and y (the library call's input): the draw is never stored
+
+
+def test_a_random_draw_two_kernels_read_is_kept_between_them() -> None:
+    prediction = simulate_peak(_draw_graph(second_reader=True), saved=(), recomputed=())
+    # Inductor realises the draw so that both kernels see the same numbers: it lives from
+    # its kernel to the last kernel that reads it, across the library call z.
+    assert prediction.forward_bytes == 30  # x, r and y; inlined into both kernels it would be 20
+    assert dict(prediction.alive)["r"] == 10
+
+
 def test_gradients_stay_alive_to_the_end() -> None:
     graph = chain(3)
     prediction = simulate_peak(graph, saved=(1, 2, 3), recomputed=())

@@ -25,6 +25,11 @@ read it and its inlined body is bigger than Inductor inlines twice (its
 ``realize_reads_threshold`` and ``realize_opcount_threshold``); otherwise
 Inductor computes it inside its consumers, and a read of it is a read of the
 buffers it is computed from.
+A ``RANDOM`` value (Inductor's own random draw) is realised so that all its
+readers see the same numbers: it allocates when more than one kernel reads
+it (through pointwise values), as in a backward that recomputes a dropout's
+output and later takes its gradient; a draw that one kernel reads stays
+inside that kernel.
 ``FREE`` values (parameters, the user's inputs, symbolic sizes) live anyway
 and count nothing.
 
@@ -54,7 +59,11 @@ class Materialise(enum.Enum):
     BUFFER = "buffer"  # always allocates its bytes
     REDUCTION = "reduction"  # allocates its (small) output; reductions over the same values share a kernel
     FUSIBLE = "fusible"  # allocates only when a library call reads it, or it is kept
+    RANDOM = "random"  # a random draw: allocates when more than one kernel reads it
     FREE = "free"  # lives anyway (parameters, inputs) or has no storage
+
+
+_INLINED = (Materialise.FUSIBLE, Materialise.RANDOM)  # computed inside the kernels that read them, unless kept
 
 
 @dataclass(frozen=True)
@@ -191,22 +200,46 @@ def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -
     """The values of ``order`` that allocate in this phase."""
     members = set(order)
     consumers: dict[int, int] = {}
+    readers: dict[int, list[int]] = {}
     for i in order:
         for p in graph.inputs[i]:
             consumers[p] = consumers.get(p, 0) + 1
+            readers.setdefault(p, []).append(i)
     result = {i for i in kept if graph.kinds[i] is not Materialise.FREE}
     for i in order:
         kind = graph.kinds[i]
         if kind is Materialise.BUFFER or kind is Materialise.REDUCTION:
             result.add(i)
         for p in graph.inputs[i]:
-            if p not in members or graph.kinds[p] is not Materialise.FUSIBLE:
+            if p not in members or graph.kinds[p] not in _INLINED:
                 continue
             library_input = kind is Materialise.BUFFER
             realised = kind is Materialise.REDUCTION and consumers[p] > 1 and _heavy(graph, p, members)
             if library_input or realised:
                 result.add(p)
+    for i in order:
+        if graph.kinds[i] is Materialise.RANDOM and i not in result and _read_by_two_kernels(graph, i, readers, result):
+            result.add(i)
     return result
+
+
+def _read_by_two_kernels(graph: PeakGraph, i: int, readers: dict[int, list[int]], buffers: set[int]) -> bool:
+    """Whether two kernels read ``i``: two allocating values downstream of it through inlined ones."""
+    kernels: set[int] = set()
+    seen: set[int] = set()
+    stack = list(readers.get(i, ()))
+    while stack:
+        value = stack.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        if graph.kinds[value] in _INLINED and value not in buffers:
+            stack.extend(readers.get(value, ()))
+        else:
+            kernels.add(value)
+            if len(kernels) > 1:
+                return True
+    return False
 
 
 def _sources(graph: PeakGraph, i: int, members: set[int]) -> set[int]:
@@ -266,7 +299,7 @@ def _fuse_into_consumers(graph: PeakGraph, order: Sequence[int]) -> list[int]:
     consumed: set[int] = set()
     for i in order:
         consumed.update(p for p in graph.inputs[i] if p in members)
-    deferred = {i for i in order if graph.kinds[i] is Materialise.FUSIBLE and i in consumed}
+    deferred = {i for i in order if graph.kinds[i] in _INLINED and i in consumed}
     result: list[int] = []
     placed: set[int] = set()
     for i in order:

@@ -9,10 +9,13 @@ on the result without touching ``torch.fx``.
   it in the forward (``forward_names``); tangent placeholders are backward
   inputs.  The forward must compute the ancestors of its outputs.
 * **What materialises** follows the cost model's op kinds (:class:`OpKind`):
-  pointwise ops (``FUSIBLE``, ``RANDOM``: Inductor generates random numbers
-  inside its loops) fuse unless a reduction or library call needs them;
-  reductions and everything else (library calls, collectives, mutations,
-  multi-output ops' outputs) allocate.  Parameters and the user's inputs live
+  pointwise ops (``FUSIBLE``) fuse unless a reduction or library call needs
+  them; reductions and everything else (library calls, collectives, mutations,
+  multi-output ops' outputs) allocate.  Random draws are ``RANDOM``: Inductor
+  realises every random tensor it generates, in float32 whatever the op's
+  dtype, so that all its readers see the same numbers, and keeps it when
+  more than one kernel reads it (a backward that recomputes a dropout's output
+  holds the draw until the dropout's gradient reads it).  Parameters and the user's inputs live
   anyway and count nothing, except the channels-last copies Inductor makes of
   those a convolution reads (allocated where the convolution runs, like a
   pointwise value a library call reads); tangents count.
@@ -26,14 +29,12 @@ import torch
 import torch.fx as fx
 
 from ckpt import _torch_compat as compat
-from ckpt.cost_model.node_cost import SizeEvaluator, storage_bytes_expr
+from ckpt.cost_model.node_cost import SizeEvaluator, numel_expr, storage_bytes_expr
 from ckpt.cost_model.ops import OpKind
 from ckpt.partitioner.analysis import JointAnalysis
 from ckpt.partitioner.peak import Materialise, PeakGraph, PeakPrediction, predict_plan
 
 __all__ = ["build_peak_graph", "describe", "predict_plan"]
-
-_FUSED_KINDS = (OpKind.FUSIBLE, OpKind.RANDOM)
 
 
 def _is_reduction(node: fx.Node) -> bool:
@@ -54,15 +55,22 @@ def _kind(node: fx.Node, analysis: JointAnalysis, backward: bool) -> Materialise
     if not isinstance(value, torch.Tensor):
         return Materialise.FREE
     estimate = analysis.estimates.get(node.name)
-    if estimate is not None and estimate.kind in _FUSED_KINDS:
+    if compat.is_inductor_random(node.target):
+        return Materialise.RANDOM
+    if estimate is not None and estimate.kind is OpKind.RANDOM:
+        return Materialise.BUFFER  # eager's generator (fallback_random): a library call
+    if estimate is not None and estimate.kind is OpKind.FUSIBLE:
         return Materialise.REDUCTION if _is_reduction(node) else Materialise.FUSIBLE
     return Materialise.BUFFER
 
 
-def _nbytes(node: fx.Node, sizes: SizeEvaluator) -> int:
+def _nbytes(node: fx.Node, analysis: JointAnalysis, sizes: SizeEvaluator) -> int:
     value = node.meta.get("val")
     if not isinstance(value, torch.Tensor):
         return 0
+    if compat.is_inductor_random(node.target):
+        # Inductor's own generator realises its draw in float32, whatever the op's dtype.
+        return sizes(numel_expr(value)) * max(value.element_size(), 4)
     return sizes(storage_bytes_expr(value))
 
 
@@ -97,7 +105,7 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
     kinds = [_kind(n, analysis, backward[i]) for i, n in enumerate(nodes)]
     return PeakGraph(
         names=tuple(n.name for n in nodes),
-        bytes=tuple(_nbytes(n, sizes) for n in nodes),
+        bytes=tuple(_nbytes(n, analysis, sizes) for n in nodes),
         kinds=tuple(kinds),
         inputs=tuple(inputs),
         backward=tuple(backward),
