@@ -56,7 +56,7 @@ class FlowNetwork:
             cap[2 * k] = infinity if c == INFINITE else c
         flow = 0
         while flow < infinity:
-            level = self._levels(cap, source)
+            level = self._levels(cap, source, sink)
             if level[sink] < 0:
                 break
             flow += self._blocking_flow(cap, source, sink, level)
@@ -64,7 +64,8 @@ class FlowNetwork:
             return None
         return self._reachable(cap, source)
 
-    def _levels(self, cap: list[int], source: int) -> list[int]:
+    def _levels(self, cap: list[int], source: int, sink: int) -> list[int]:
+        """BFS levels from the source, up to the sink's level (no shortest path goes further)."""
         head = self._head
         adjacency = self._adjacency
         level = [-1] * self.num_vertices
@@ -72,6 +73,8 @@ class FlowNetwork:
         queue = deque([source])
         while queue:
             u = queue.popleft()
+            if level[sink] >= 0 and level[u] >= level[sink]:
+                break
             next_level = level[u] + 1
             for edge in adjacency[u]:
                 if cap[edge] > 0:
