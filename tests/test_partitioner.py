@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
+import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ckpt import _torch_compat as compat
+from ckpt.cost_model.ops import classify
 from ckpt.measure import saved_activations
 from ckpt.partitioner import evaluate, solve
+from ckpt.partitioner.joint_graph import read_roots
 from ckpt.partitioner.torch_plan import plan_from_saved_names, torch_default_saved_names
 from tests.joint import trace_joint
 from tests.test_end_to_end import TinyModel
@@ -145,13 +150,6 @@ def test_the_fraction_reference_is_what_autograd_saves(name):
 
 def test_a_view_s_symbolic_sizes_are_read_by_whatever_reads_the_view():
     """Recomputing past ``view(x, [s, 4])`` needs ``s`` in the backward, though only the view takes it."""
-    import operator
-
-    import torch.fx as fx
-
-    from ckpt.cost_model.ops import classify
-    from ckpt.partitioner.joint_graph import read_roots
-
     graph = fx.Graph()
     size = graph.placeholder("s")
     x = graph.placeholder("x")

@@ -199,11 +199,9 @@ def _heavy(graph: PeakGraph, i: int, members: set[int]) -> bool:
 def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -> set[int]:
     """The values of ``order`` that allocate in this phase."""
     members = set(order)
-    consumers: dict[int, int] = {}
     readers: dict[int, list[int]] = {}
     for i in order:
         for p in graph.inputs[i]:
-            consumers[p] = consumers.get(p, 0) + 1
             readers.setdefault(p, []).append(i)
     result = {i for i in kept if graph.kinds[i] is not Materialise.FREE}
     for i in order:
@@ -214,7 +212,7 @@ def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -
             if p not in members or graph.kinds[p] not in _INLINED:
                 continue
             library_input = kind is Materialise.BUFFER
-            realised = kind is Materialise.REDUCTION and consumers[p] > 1 and _heavy(graph, p, members)
+            realised = kind is Materialise.REDUCTION and len(readers[p]) > 1 and _heavy(graph, p, members)
             if library_input or realised:
                 result.add(p)
     for i in order:

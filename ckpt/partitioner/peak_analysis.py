@@ -64,7 +64,7 @@ def _kind(node: fx.Node, analysis: JointAnalysis, backward: bool) -> Materialise
     return Materialise.BUFFER
 
 
-def _nbytes(node: fx.Node, analysis: JointAnalysis, sizes: SizeEvaluator) -> int:
+def _nbytes(node: fx.Node, sizes: SizeEvaluator) -> int:
     value = node.meta.get("val")
     if not isinstance(value, torch.Tensor):
         return 0
@@ -105,7 +105,7 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
     kinds = [_kind(n, analysis, backward[i]) for i, n in enumerate(nodes)]
     return PeakGraph(
         names=tuple(n.name for n in nodes),
-        bytes=tuple(_nbytes(n, analysis, sizes) for n in nodes),
+        bytes=tuple(_nbytes(n, sizes) for n in nodes),
         kinds=tuple(kinds),
         inputs=tuple(inputs),
         backward=tuple(backward),
