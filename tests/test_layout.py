@@ -23,13 +23,25 @@ LAYERS = {
     "ckpt.partitioner": 2,
     "ckpt.records": 3,
     "ckpt.measure": 3,
+    "ckpt.module_budgets": 3,  # set_budget's registry, read by the backend
     "ckpt.backend": 4,
     "ckpt.aot_partition": 4,  # the backend's partitioner, for AOTAutograd's own callers
     "ckpt.tools": 5,
     "ckpt.__main__": 6,
     "ckpt": 6,  # the package's __init__
 }
-PLAIN_DATA = ["problem", "plan", "solver", "min_cut", "maxflow", "repair", "exhaustive", "peak", "peak_search"]
+PLAIN_DATA = [
+    "problem",
+    "plan",
+    "solver",
+    "min_cut",
+    "maxflow",
+    "repair",
+    "exhaustive",
+    "peak",
+    "peak_search",
+    "regional",
+]
 
 
 def _module_name(path: Path) -> str:

@@ -20,6 +20,8 @@ class Plan:
     budget, where the solver has one; ``optimal`` says the plan reaches it.
     ``budget_bytes`` is the cap the solver was given (None for no cap), and
     ``minimum_bytes`` the smallest memory any plan can reach, where known.
+    ``over_regions`` names the per-region caps (per-module budgets) the plan
+    exceeds, when no plan found keeps them all.
     """
 
     saved: tuple[int, ...]
@@ -35,10 +37,11 @@ class Plan:
     price_per_byte: float | None = None  # λ: picoseconds of step time one byte is worth at the budget
     cuts: int = 0
     search_nodes: int = 0
+    over_regions: tuple[str, ...] = ()
 
     @property
     def over_budget(self) -> bool:
-        return self.budget_bytes is not None and self.bytes > self.budget_bytes
+        return bool(self.over_regions) or (self.budget_bytes is not None and self.bytes > self.budget_bytes)
 
     def fingerprint(self, problem: Problem) -> str:
         """A short hash of the decisions, equal on every process that makes the same plan."""

@@ -23,6 +23,10 @@ recomputed: :func:`recompute_closure`.  The plan's cost is the sum of
 ``save_time`` over saved values plus ``recompute_time`` over recomputed ones,
 and its memory is the sum of ``save_bytes`` over saved values plus
 ``recompute_bytes`` over recomputed ones.
+
+A :class:`RegionCap` bounds the memory of a subset of the values (the values
+one module computes, for per-module budgets): :func:`region_bytes` is that
+memory for a plan.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Problem", "ProblemError", "evaluate", "recompute_closure"]
+__all__ = ["Problem", "ProblemError", "RegionCap", "evaluate", "recompute_closure", "region_bytes"]
 
 
 class ProblemError(ValueError):
@@ -132,3 +136,29 @@ def evaluate(problem: Problem, saved: Iterable[int]) -> tuple[int, int, frozense
     time = sum(problem.save_time[i] for i in saved_set) + sum(problem.recompute_time[i] for i in recomputed)
     memory = sum(problem.save_bytes[i] for i in saved_set) + sum(problem.recompute_bytes[i] for i in recomputed)
     return time, memory, recomputed
+
+
+@dataclass(frozen=True)
+class RegionCap:
+    """At most ``max_bytes`` of activation memory among the values ``members``.
+
+    ``budget`` and ``reference_bytes`` describe where the cap came from (the
+    budget as given, and the bytes its fraction is of), for reports only.
+    """
+
+    label: str
+    members: frozenset[int]
+    max_bytes: int
+    budget: str = ""
+    reference_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 0:
+            raise ValueError(f"RegionCap {self.label!r}: max_bytes={self.max_bytes!r} must be >= 0")
+
+
+def region_bytes(problem: Problem, saved: Iterable[int], recomputed: Iterable[int], members: frozenset[int]) -> int:
+    """Memory a plan keeps for the values in ``members``: their saved bytes and their recompute state."""
+    return sum(problem.save_bytes[i] for i in saved if i in members) + sum(
+        problem.recompute_bytes[i] for i in recomputed if i in members
+    )

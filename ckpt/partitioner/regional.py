@@ -1,0 +1,368 @@
+"""Exact planning with a cap per region: per-module memory budgets.
+
+A :class:`RegionCap` is a set of values (those one module computes, see
+:mod:`ckpt.partitioner.regions`) and a cap on the bytes that the plan's
+saved values among them keep alive.  :func:`solve_regions` finds the
+least-time plan that keeps every cap, with the same contract as
+:func:`ckpt.partitioner.solver.solve`:
+
+* **One price per cap.**  A min cut in which each value's bytes cost the sum
+  of the prices of the caps that contain it gives the plan minimising
+  ``key + sum(price_c * bytes_c)``; for any prices, that minimum less
+  ``sum(price_c * cap_c)`` is a lower bound on the key of every plan that
+  keeps the caps (Lagrangian duality).
+* **Price search.**  Coordinate ascent: raise the price of the cap the
+  current plan exceeds most, with the others fixed, to the breakpoint where
+  the cap is kept (the one-dimensional hull walk of the budget solver), and
+  repeat.  Every price vector met tightens the bound; every plan met that
+  keeps all caps is a candidate.
+* **Repair.**  The plans on both sides of the last breakpoint are mixed part
+  by part (:mod:`ckpt.partitioner.repair`), then best-first branch and bound
+  (force a value saved / forbid saving it, warm-started prices, pruned by
+  the bound) closes the gap, up to the same deterministic work limit as the
+  budget solver.  ``optimal`` on the plan means the bound was reached.
+
+Keys are ``time * M + bytes`` as in the budget solver, so equal-time plans
+are told apart by memory and every comparison is exact (prices are
+fractions; each cut scales them to integers).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from ckpt.partitioner.min_cut import CutNetwork
+from ckpt.partitioner.plan import Plan, make_plan
+from ckpt.partitioner.problem import Problem, ProblemError, RegionCap, evaluate, region_bytes
+from ckpt.partitioner.repair import mix_plans
+from ckpt.partitioner.solver import WORK_PER_EFFORT
+
+__all__ = ["solve_regions"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Point:
+    saved: frozenset[int]
+    recomputed: frozenset[int]
+    time: int
+    bytes: int
+    key: int
+    usage: tuple[int, ...]  # bytes under each cap
+
+
+@dataclass(frozen=True)
+class _Relaxation:
+    status: str  # "optimal", "infeasible" or "gap"
+    bound: Fraction = Fraction(0)
+    best: _Point | None = None  # the best plan met that keeps every cap
+    fast: _Point | None = None  # a plan that exceeds a cap (gap): one side of the branching pair
+    lean: _Point | None = None  # the plan at the final prices: the other side
+    prices: tuple[Fraction, ...] = ()
+
+
+class _RegionCutter:
+    """Priced min cuts with one price per cap."""
+
+    def __init__(self, problem: Problem, caps: Sequence[RegionCap]) -> None:
+        self.problem = problem
+        self.caps = tuple(caps)
+        self.network = CutNetwork(problem)
+        self.scale = problem.total_bytes + 1
+        self.cuts = 0
+        self.work = 0
+        m = self.scale
+        self._save_key = [t * m + b for t, b in zip(problem.save_time, problem.save_bytes)]
+        self._recompute_key = [t * m + b for t, b in zip(problem.recompute_time, problem.recompute_bytes)]
+        # A price at which a cap's bytes outweigh every time: a cut at it keeps that cap first.
+        self.big = Fraction(sum(self._save_key) + sum(self._recompute_key) + 1)
+        self._caps_of: list[list[int]] = [[] for _ in range(len(problem))]
+        for c, cap in enumerate(self.caps):
+            for i in cap.members:
+                self._caps_of[i].append(c)
+
+    def point(self, saved: frozenset[int]) -> _Point:
+        time, memory, recomputed = evaluate(self.problem, saved)
+        usage = tuple(region_bytes(self.problem, tuple(saved), tuple(recomputed), cap.members) for cap in self.caps)
+        return _Point(saved, recomputed, time, memory, time * self.scale + memory, usage)
+
+    def excess(self, point: _Point) -> int:
+        return sum(max(0, used - cap.max_bytes) for used, cap in zip(point.usage, self.caps))
+
+    def keeps(self, point: _Point) -> bool:
+        return all(used <= cap.max_bytes for used, cap in zip(point.usage, self.caps))
+
+    def cut(self, prices: Sequence[Fraction], force: frozenset[int], forbid: frozenset[int]) -> _Point | None:
+        self.cuts += 1
+        self.work += self.network.num_edges
+        scale = math.lcm(*(p.denominator for p in prices)) if prices else 1
+        per_value = [sum((prices[c] for c in caps), Fraction(0)) * scale for caps in self._caps_of]
+        problem = self.problem
+        save_cost = [
+            scale * k + int(p) * b for k, p, b in zip(self._save_key, per_value, problem.save_bytes, strict=True)
+        ]
+        recompute_cost = [
+            scale * k + int(p) * b
+            for k, p, b in zip(self._recompute_key, per_value, problem.recompute_bytes, strict=True)
+        ]
+        saved = self.network.saved_set(save_cost, recompute_cost, force_saved=force, forbid_saved=forbid)
+        return None if saved is None else self.point(saved)
+
+    def lagrangian(self, prices: Sequence[Fraction], point: _Point) -> Fraction:
+        """The lower bound that ``point``, a minimiser at ``prices``, proves."""
+        return point.key + sum(
+            (p * (used - cap.max_bytes) for p, used, cap in zip(prices, point.usage, self.caps)), Fraction(0)
+        )
+
+    def walk_price(
+        self,
+        prices: list[Fraction],
+        c: int,
+        fast: _Point,
+        force: frozenset[int],
+        forbid: frozenset[int],
+        work_limit: float,
+    ) -> tuple[Fraction, _Point, _Point] | str:
+        """The breakpoint of cap ``c``'s price, the others fixed, where its bytes drop within the cap.
+
+        Returns (price, the minimiser just above the cap, the one within it),
+        ``"unreachable"`` if no price for ``c`` alone keeps it, or ``"work"``
+        if the work limit was reached.
+        """
+        cap = self.caps[c].max_bytes
+        high = list(prices)
+        high[c] = self.big
+        lean = self.cut(high, force, forbid)
+        assert lean is not None  # same constraints as `fast`
+        if lean.usage[c] > cap:
+            return "unreachable"
+
+        def rest(point: _Point) -> Fraction:
+            return point.key + sum(
+                (p * used for s, (p, used) in enumerate(zip(prices, point.usage)) if s != c), Fraction(0)
+            )
+
+        while True:
+            if self.work >= work_limit:
+                return "work"
+            price = (rest(lean) - rest(fast)) / (fast.usage[c] - lean.usage[c])
+            trial = list(prices)
+            trial[c] = price
+            candidate = self.cut(trial, force, forbid)
+            assert candidate is not None
+            if rest(candidate) + price * candidate.usage[c] >= rest(fast) + price * fast.usage[c]:
+                return price, fast, lean
+            if candidate.usage[c] > cap:
+                fast = candidate
+            else:
+                lean = candidate
+
+    def relax(
+        self,
+        force: frozenset[int],
+        forbid: frozenset[int],
+        start: Sequence[Fraction],
+        work_limit: float = math.inf,
+    ) -> _Relaxation | None:
+        """The price search under constraints; None if the work limit was reached first."""
+        free = self.cut([Fraction(0)] * len(self.caps), force, forbid)
+        if free is None:
+            return _Relaxation("infeasible")
+        if self.keeps(free):
+            return _Relaxation("optimal", bound=Fraction(free.key), best=free, lean=free)
+        prices = list(start)
+        point = self.cut(prices, force, forbid) if any(prices) else free
+        assert point is not None
+        bound = self.lagrangian(prices, point)
+        best = point if self.keeps(point) else None
+        fast = free
+        for _ in range(4 * len(self.caps) + 4):
+            violated = [c for c, cap in enumerate(self.caps) if point.usage[c] > cap.max_bytes]
+            if not violated:
+                break
+            usage = point.usage
+            c = max(violated, key=lambda c: (Fraction(usage[c] - self.caps[c].max_bytes, usage[c]), -c))
+            step = self.walk_price(prices, c, point, force, forbid, work_limit)
+            if step == "work":
+                return None
+            if step == "unreachable":
+                alone = [Fraction(0)] * len(self.caps)
+                alone[c] = self.big
+                leanest = self.cut(alone, force, forbid)
+                assert leanest is not None
+                if leanest.usage[c] > self.caps[c].max_bytes:
+                    return _Relaxation("infeasible", lean=leanest)  # no plan keeps this cap
+                prices = alone  # the other prices pushed bytes into this region; start again from it
+                point = leanest
+                continue
+            assert not isinstance(step, str)
+            prices[c], fast, point = step
+            bound = max(bound, self.lagrangian(prices, point))
+            if self.keeps(point) and (best is None or point.key < best.key):
+                best = point
+        slack_free = all(p * (cap.max_bytes - used) == 0 for p, used, cap in zip(prices, point.usage, self.caps))
+        if self.keeps(point) and slack_free:  # complementary slackness: the bound is reached
+            return _Relaxation("optimal", bound=Fraction(point.key), best=point, lean=point, prices=tuple(prices))
+        return _Relaxation("gap", bound=bound, best=best, fast=fast, lean=point, prices=tuple(prices))
+
+    def mix(self, fast: _Point, lean: _Point) -> _Point | None:
+        """``lean`` with parts of ``fast`` that keep every cap, greedily by time saved per byte."""
+        weight = self.problem.total_bytes + 1
+
+        def key_and_weight(saved: frozenset[int]) -> tuple[int, int]:
+            point = self.point(saved)
+            return point.key, self.excess(point) * weight + point.bytes
+
+        try:
+            base_key, base_weight = key_and_weight(lean.saved)
+        except ProblemError:
+            return None
+        if base_weight >= weight:  # `lean` itself exceeds a cap
+            return None
+        mixed = mix_plans(
+            self.problem,
+            (fast.saved, fast.recomputed),
+            (lean.saved, lean.recomputed),
+            weight - 1,
+            key_and_weight,
+        )
+        return None if mixed is None else self.point(mixed)
+
+
+def _better(incumbent: _Point | None, candidate: _Point | None) -> _Point | None:
+    if candidate is None:
+        return incumbent
+    if incumbent is None or candidate.key < incumbent.key:
+        return candidate
+    return incumbent
+
+
+def _branch_value(problem: Problem, fast: _Point, lean: _Point) -> int | None:
+    differing = fast.saved.symmetric_difference(lean.saved)
+    if not differing:
+        return None
+    return max(differing, key=lambda i: (problem.save_bytes[i], -i))
+
+
+def solve_regions(
+    problem: Problem,
+    caps: Sequence[RegionCap],
+    *,
+    effort: float = 1.0,
+    tolerance_ps: int = 0,
+    force_saved: frozenset[int] = frozenset(),
+    forbid_saved: frozenset[int] = frozenset(),
+) -> Plan:
+    """The least-time plan whose bytes within each cap's members are at most its ``max_bytes``.
+
+    If the search finds no plan that keeps every cap, returns the plan that
+    exceeds them least (the leanest in the capped values, least time among
+    those), with ``over_regions`` naming the caps it exceeds.  ``effort``,
+    ``tolerance_ps``, ``force_saved`` and ``forbid_saved`` mean what they mean
+    for :func:`ckpt.partitioner.solver.solve`; the plan depends on the
+    arguments only, never on the machine's speed.
+    """
+    if effort < 0:
+        raise ValueError(f"solve_regions: effort={effort!r} must be >= 0")
+    if not caps:
+        raise ValueError("solve_regions: no caps given; use ckpt.partitioner.solve for a single budget")
+    cutter = _RegionCutter(problem, caps)
+    force, forbid = frozenset(force_saved), frozenset(forbid_saved)
+    zero = tuple(Fraction(0) for _ in caps)
+    root = cutter.relax(force, forbid, zero)
+    assert root is not None  # no work limit at the root
+    if root.status == "infeasible":
+        fallback = root.lean or cutter.cut([cutter.big] * len(caps), force, forbid)
+        if fallback is None:
+            raise ValueError(
+                "the problem has no feasible plan at all: some needed value can be neither saved nor recomputed"
+            )
+        return _to_plan(cutter, fallback, "min-cut", optimal=True)
+    if root.status == "optimal":
+        assert root.best is not None
+        return _to_plan(cutter, root.best, "min-cut", optimal=True, lower_bound=root.best.time)
+    tolerance = tolerance_ps * cutter.scale
+    incumbent = root.best
+    if root.fast is not None and root.lean is not None:
+        incumbent = _better(incumbent, cutter.mix(root.fast, root.lean))
+    if incumbent is None:
+        # No plan met keeps every cap: the leanest in the capped values is the fallback.
+        leanest = cutter.cut([cutter.big] * len(caps), force, forbid)
+        assert leanest is not None
+        incumbent = leanest if cutter.keeps(leanest) else None
+    counter = itertools.count()
+    heap: list[tuple[Fraction, int, frozenset[int], frozenset[int], _Relaxation]] = [
+        (root.bound, next(counter), force, forbid, root)
+    ]
+    nodes = 0
+    work_limit = cutter.work + effort * WORK_PER_EFFORT
+    out_of_work = False
+    settled: Fraction | None = None  # least bound among branches dropped as within tolerance
+
+    def cutoff() -> Fraction | None:
+        return None if incumbent is None else Fraction(incumbent.key - tolerance)
+
+    while heap and not out_of_work and cutter.work < work_limit:
+        bound, _, node_force, node_forbid, relaxation = heapq.heappop(heap)
+        limit = cutoff()
+        if limit is not None and bound >= limit:
+            settled = bound if settled is None else min(settled, bound)
+            continue
+        assert relaxation.fast is not None and relaxation.lean is not None
+        value = _branch_value(problem, relaxation.fast, relaxation.lean)
+        if value is None:  # nothing to branch on: the node's bound stays a bound
+            settled = bound if settled is None else min(settled, bound)
+            continue
+        for child_force, child_forbid in ((node_force | {value}, node_forbid), (node_force, node_forbid | {value})):
+            nodes += 1
+            child = cutter.relax(child_force, child_forbid, relaxation.prices or zero, work_limit)
+            if child is None:
+                heapq.heappush(heap, (bound, next(counter), node_force, node_forbid, relaxation))
+                out_of_work = True
+                break
+            if child.status == "infeasible":
+                continue
+            incumbent = _better(incumbent, child.best)
+            if child.status == "optimal":
+                continue
+            assert child.fast is not None and child.lean is not None
+            incumbent = _better(incumbent, cutter.mix(child.fast, child.lean))
+            limit = cutoff()
+            if limit is None or child.bound < limit:
+                heapq.heappush(heap, (child.bound, next(counter), child_force, child_forbid, child))
+            else:
+                settled = child.bound if settled is None else min(settled, child.bound)
+    if incumbent is None:
+        leanest = cutter.cut([cutter.big] * len(caps), force, forbid)
+        assert leanest is not None
+        return _to_plan(cutter, leanest, "min-cut+branch-and-bound", optimal=False, search_nodes=nodes)
+    open_bounds = [entry[0] for entry in heap if entry[0] < incumbent.key]
+    lower = min([Fraction(incumbent.key), *open_bounds, *([settled] if settled is not None else [])])
+    lower_key = math.ceil(lower)
+    if out_of_work:
+        log.debug(
+            "regional repair search stopped at its work limit after %d cuts and %d nodes; gap %.3g%%",
+            cutter.cuts,
+            nodes,
+            100.0 * (incumbent.key - lower_key) / max(incumbent.key, 1),
+        )
+    return _to_plan(
+        cutter,
+        incumbent,
+        "min-cut+branch-and-bound",
+        optimal=lower_key >= incumbent.key,
+        lower_bound=lower_key // cutter.scale,
+        search_nodes=nodes,
+    )
+
+
+def _to_plan(cutter: _RegionCutter, point: _Point, solver: str, **extra: object) -> Plan:
+    over = tuple(cap.label for used, cap in zip(point.usage, cutter.caps) if used > cap.max_bytes)
+    return make_plan(cutter.problem, point.saved, solver, cuts=cutter.cuts, over_regions=over, **extra)

@@ -1,0 +1,97 @@
+"""The per-region solver against brute force, and its contract."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ckpt.partitioner import Problem, evaluate, solve, solve_exhaustive
+from ckpt.partitioner.problem import RegionCap, region_bytes
+from ckpt.partitioner.regional import solve_regions
+from tests.test_solver import _feasible, problem, problems
+
+
+def _usage(p: Problem, saved, cap: RegionCap) -> int:
+    _, _, recomputed = evaluate(p, saved)
+    return region_bytes(p, tuple(saved), tuple(recomputed), cap.members)
+
+
+@st.composite
+def capped_problems(draw):
+    p = draw(problems(max_values=11))
+    num_regions = draw(st.integers(1, 3))
+    region_of = [draw(st.integers(0, num_regions - 1)) for _ in range(len(p))]
+    caps = []
+    for r in range(num_regions):
+        members = frozenset(i for i in range(len(p)) if region_of[i] == r)
+        total = sum(p.save_bytes[i] + p.recompute_bytes[i] for i in members)
+        fraction = draw(st.floats(0.0, 1.0))
+        caps.append(RegionCap(f"r{r}", members, int(fraction * total)))
+    return p, caps
+
+
+@settings(max_examples=150, deadline=None)
+@given(capped_problems())
+def test_random_region_caps_match_brute_force(case):
+    p, caps = case
+    if not _feasible(p):
+        return
+    got = solve_regions(p, caps, effort=50.0)
+    oracle = solve_exhaustive(p, None, caps)
+    kept = all(_usage(p, oracle.saved, cap) <= cap.max_bytes for cap in caps)
+    if not kept:  # no plan keeps every cap: the answer says which it exceeds
+        assert got.over_budget and got.over_regions
+        return
+    assert not got.over_budget
+    for cap in caps:
+        assert _usage(p, got.saved, cap) <= cap.max_bytes, cap.label
+    assert got.optimal, "the search finished, so it must prove its plan optimal"
+    assert got.time == oracle.time
+    assert got.lower_bound is not None and got.lower_bound <= oracle.time
+
+
+def test_one_cap_over_everything_is_the_budget_problem():
+    p = problem(
+        [
+            ("x", (), 0, 0, 0, True, False),
+            ("a", ("x",), 512, 5, 40, True, True),
+            ("b", ("a",), 512, 5, 300, True, True),
+            ("c", ("b",), 512, 5, 40, True, True),
+        ],
+        needed={"a", "b", "c"},
+    )
+    everything = frozenset(range(len(p)))
+    for budget in (0, 512, 1024, 1536):
+        regional = solve_regions(p, [RegionCap("all", everything, budget)])
+        single = solve(p, budget)
+        assert (regional.time, regional.bytes) == (single.time, single.bytes)
+
+
+def test_each_region_keeps_its_own_cap_where_one_budget_would_not():
+    # Two identical chains; one region may keep everything, the other nothing.
+    p = problem(
+        [
+            ("x", (), 0, 0, 0, True, False),
+            ("a1", ("x",), 1000, 5, 300, True, True),
+            ("a2", ("a1",), 1000, 5, 300, True, True),
+            ("b1", ("x",), 1000, 5, 300, True, True),
+            ("b2", ("b1",), 1000, 5, 300, True, True),
+        ],
+        needed={"a1", "a2", "b1", "b2"},
+    )
+    names = p.names
+    region_a = frozenset(i for i, n in enumerate(names) if n.startswith("a"))
+    region_b = frozenset(i for i, n in enumerate(names) if n.startswith("b"))
+    plan = solve_regions(p, [RegionCap("a", region_a, 2000), RegionCap("b", region_b, 0)])
+    saved = {names[i] for i in plan.saved}
+    assert {"a1", "a2"} <= saved and not saved & {"b1", "b2"}
+    assert plan.optimal and not plan.over_budget
+    # The same total as one budget would save the two costliest-to-recompute values anywhere.
+    assert solve(p, 2000).bytes == 2000
+
+
+def test_a_cap_no_plan_keeps_is_named():
+    # `a` cannot be recomputed, and the backward reads it: it is saved whatever the cap.
+    p = problem([("x", (), 0, 0, 0, True, False), ("a", ("x",), 1000, 5, 300, True, False)], needed={"a"})
+    plan = solve_regions(p, [RegionCap("mlp", frozenset({1}), 10)])
+    assert plan.over_budget and plan.over_regions == ("mlp",)
