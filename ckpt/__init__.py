@@ -3,6 +3,7 @@
 Use it with ``torch.compile(model, backend="ckpt")``; no import is needed once
 the package is installed.  See the README for the environment variables.
 Code that drives AOTAutograd itself passes ``partition_fn=ckpt.partition_fn(...)``.
+``ckpt.set_budget(module, budget)`` gives modules budgets of their own.
 
 Layout, with imports pointing down only: ``cost_model`` prices values,
 ``partitioner`` plans and extracts, ``backend`` plugs both into Inductor and
@@ -21,13 +22,19 @@ if TYPE_CHECKING:
     from ckpt.records import PartitionRecord
 
 
-__all__ = ["__version__", "explain", "pareto", "partition_fn"]
+__all__ = ["__version__", "clear_budgets", "explain", "pareto", "partition_fn", "set_budget"]
 
-_LAZY = {"explain": "ckpt.tools.explainer", "pareto": "ckpt.tools.tradeoff", "partition_fn": "ckpt.aot_partition"}
+_LAZY = {
+    "explain": "ckpt.tools.explainer",
+    "pareto": "ckpt.tools.tradeoff",
+    "partition_fn": "ckpt.aot_partition",
+    "set_budget": "ckpt.module_budgets",
+    "clear_budgets": "ckpt.module_budgets",
+}
 
 
 def __getattr__(name: str) -> Any:
-    """``ckpt.explain``, ``ckpt.pareto`` and ``ckpt.partition_fn`` load on first use, so ``import ckpt`` stays light."""
+    """The public functions load on first use, so ``import ckpt`` stays light (no torch)."""
     if name in _LAZY:
         import importlib
 

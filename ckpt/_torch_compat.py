@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -738,3 +739,53 @@ def profiled_cpu_allocations(step: Any) -> list[int]:
         stack.extend(event.children)
     found.sort()
     return [size for _, _, size in found]
+
+
+# ---------------------------------------------------------------------------
+# Module paths: where Dynamo found a graph input, and which module a node runs in.
+
+_SOURCE_ROOT = re.compile(r"^([A-Za-z_]+\[['\"][^'\"]*['\"]\]|[A-Za-z_][A-Za-z0-9_]*)")
+_SOURCE_ATTR = re.compile(r"\._(?:modules|parameters|buffers)\[['\"]([^'\"]*)['\"]\]")
+_SOURCE_INDEX = re.compile(r"\[['\"]?([^'\"\]]*)['\"]?\]")
+
+
+def module_path(text: str) -> str:
+    """A Dynamo source or ``nn_module_stack`` path in one dotted form: ``L['self'].layers.0.mlp``.
+
+    torch writes the same path as ``L['self']._modules['layers']._modules['0']``
+    (2.9), ``L['self'].layers[0]`` or ``L['self'].layers.0`` (2.13); the first
+    component (the frame's local or global the path starts from) is kept as is.
+    """
+    match = _SOURCE_ROOT.match(text)
+    if match is None:
+        return text
+    root, rest = match.group(1), text[match.end() :]
+    rest = _SOURCE_ATTR.sub(r".\1", rest)
+    rest = _SOURCE_INDEX.sub(r".\1", rest)
+    return root + rest
+
+
+def placeholder_sources(gm: fx.GraphModule) -> list[str | None]:
+    """For each placeholder of a Dynamo graph, the module path of the value Dynamo bound to it, if known."""
+    sources: list[str | None] = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        grapharg = node.meta.get("grapharg")
+        name = getattr(getattr(grapharg, "source", None), "name", None)
+        name = name() if callable(name) else name  # a method before torch 2.11, a property after
+        sources.append(module_path(name) if isinstance(name, str) else None)
+    return sources
+
+
+def node_module_path(node: fx.Node) -> str | None:
+    """The innermost module whose forward produced ``node`` (None outside any submodule).
+
+    A node of the backward's formulas (which the plan may compute in the
+    forward and save) names the module of the forward op it differentiates.
+    """
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    return module_path(path) if isinstance(path, str) else None

@@ -16,6 +16,14 @@ Two things differ from the backend, and both follow from who calls it:
   what eager autograd saves), not Inductor's min cut: that is what this
   caller would have had without ckpt.
 
+**Per-module budgets.**  A ``memory_budget`` mapping (``{"layers.*.mlp": 0.1,
+"": 0.5}``) applies where the joint graph records which module computed each
+node, as graphs that Dynamo traced do (a custom backend calling
+``aot_module_simplified``); paths are relative to the module Dynamo compiled.
+``aot_function`` and ``aot_module`` traces record no module paths, and
+:func:`ckpt.set_budget` needs the graph inputs' sources that only
+``backend="ckpt"`` sees.
+
 **Input mutations.**  With AOTAutograd's default
 ``keep_inference_input_mutations=False``, a mutated input's new value is a
 graph output that the runtime wrapper copies back after the forward.  The
@@ -27,15 +35,18 @@ never saves them or recomputes from them
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch.fx as fx
 
 from ckpt import _torch_compat as compat
-from ckpt.backend import CkptPartitioner, resolve_profile
+from ckpt.backend import CkptPartitioner, resolve_auto_peak, resolve_profile
 from ckpt.config import CkptConfig
 from ckpt.cost_model.profiles import DeviceProfile
+from ckpt.module_budgets import ModuleBudgetWarning, frame_regions
+from ckpt.partitioner.regions import RegionSpec
 
 __all__ = ["CkptPartitionFn", "partition_fn"]
 
@@ -75,7 +86,13 @@ class CkptPartitionFn:
         self.config = config
 
     def __repr__(self) -> str:
-        return f"ckpt.partition_fn(memory_budget={str(self.config.budget)!r}, device={self.config.device!r})"
+        budget = str(self.config.budget)
+        if self.config.module_budgets:
+            budget = ",".join([budget, *(f"{path}={value}" for path, value in self.config.module_budgets)])
+        return (
+            f"ckpt.partition_fn(memory_budget={budget!r}, peak_memory={str(self.config.peak)!r}, "
+            f"device={self.config.device!r})"
+        )
 
     def profile_for(self, joint_inputs: Any) -> DeviceProfile:
         """The device profile for a joint graph with these inputs."""
@@ -84,13 +101,27 @@ class CkptPartitionFn:
     def __call__(
         self, joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
-        partitioner = _AOTCkptPartitioner(self.config, self.profile_for(joint_inputs))
+        regions: tuple[RegionSpec, ...] = ()
+        if self.config.module_budgets:
+            if not any(compat.node_module_path(node) for node in joint_module.graph.nodes):
+                warnings.warn(
+                    "ckpt.partition_fn: this joint graph records no module paths (aot_function and aot_module "
+                    "traces do not), so its per-module budgets cannot apply; the default budget "
+                    f"{self.config.budget} caps the whole graph",
+                    ModuleBudgetWarning,
+                    stacklevel=2,
+                )
+            else:
+                regions = frame_regions(joint_module, (), self.config.module_budgets)
+        config = resolve_auto_peak(self.config, _flat_inputs(joint_inputs))
+        partitioner = _AOTCkptPartitioner(config, self.profile_for(joint_inputs), regions=regions)
         return partitioner(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
 
 
 def partition_fn(
     memory_budget: Any = None,
     *,
+    peak_memory: Any = None,
     device: str | None = None,
     strict: bool | str | None = None,
     solver_effort: float | str | None = None,
@@ -111,8 +142,13 @@ def partition_fn(
     variables of the same names (see the README); one left as None falls back
     to its ``CKPT_*`` variable, then to the default:
 
-    * ``memory_budget``: ``"none"`` (no cap), a fraction in [0, 1] of what the
-      no-recompute plan saves (``0.5``), or a size (``"800MB"``, ``"1.5GiB"``);
+    * ``memory_budget``: ``"none"`` (no cap), a fraction in [0, 1] of what
+      autograd saves (``0.5``), or a size (``"800MB"``, ``"1.5GiB"``); or a
+      mapping from module paths to those (``{"layers.*.mlp": 0.1, "": 0.5}``,
+      ``""`` being the default), for graphs that record module paths;
+    * ``peak_memory``: a cap on the predicted peak of the graph's forward and
+      backward: ``"none"``, a fraction of the peak of the plan that saves what
+      autograd saves, a size, or ``"auto"`` (CUDA: free memory less a margin);
     * ``device``: a device profile name (``"cpu"``, ``"a100"``, ...), else
       picked from the joint graph's inputs;
     * ``strict``: raise :class:`ckpt.backend.CkptPartitionError` when a graph
@@ -129,6 +165,7 @@ def partition_fn(
     compat.check_torch_version()
     given = {
         "memory_budget": memory_budget,
+        "peak_memory": peak_memory,
         "device": device,
         "strict": strict,
         "solver_effort": solver_effort,

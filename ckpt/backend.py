@@ -46,6 +46,7 @@ from ckpt import _torch_compat as compat
 from ckpt._version import __version__
 from ckpt.config import CkptConfig, PeakCap, auto_peak_bytes
 from ckpt.cost_model.profiles import GPU_PROFILES, DeviceProfile, gpu_profile_for_name
+from ckpt.module_budgets import frame_regions
 from ckpt.partitioner.analysis import JointAnalysis, analyze_joint, to_picoseconds
 from ckpt.partitioner.extract import drop_dead_random_ops, extract_modules, verify_backward
 from ckpt.partitioner.joint_graph import autograd_saved_names
@@ -53,7 +54,9 @@ from ckpt.partitioner.peak import PeakGraph
 from ckpt.partitioner.peak_analysis import build_peak_graph, predict_plan
 from ckpt.partitioner.peak_search import budget_peak, cap_peak
 from ckpt.partitioner.plan import Plan, make_plan
-from ckpt.partitioner.problem import ProblemError
+from ckpt.partitioner.problem import ProblemError, RegionCap, region_bytes
+from ckpt.partitioner.regional import solve_regions
+from ckpt.partitioner.regions import RegionSpec, region_caps
 from ckpt.partitioner.solver import solve
 from ckpt.partitioner.symbolic import fit_fraction
 from ckpt.partitioner.torch_plan import plan_from_saved_names, torch_default_saved_names
@@ -65,6 +68,7 @@ __all__ = [
     "CkptPartitioner",
     "PeakWarning",
     "ckpt_backend",
+    "make_partitioner",
     "resolve_auto_peak",
     "resolve_profile",
 ]
@@ -108,19 +112,24 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         profile: DeviceProfile,
         activation_inputs: frozenset[int] = frozenset(),
         num_graph_inputs: int = 0,
+        regions: tuple[RegionSpec, ...] = (),
     ) -> None:
         """``activation_inputs``: positions, among the ``num_graph_inputs`` inputs of the graph
-        being compiled, of inputs that are activations (see :func:`activation_inputs`)."""
+        being compiled, of inputs that are activations (see :func:`activation_inputs`).
+        ``regions``: the modules with their own budget (:func:`ckpt.module_budgets.frame_regions`)."""
         self.config = config
         self.profile = profile
         self.activation_inputs = activation_inputs
         self.num_graph_inputs = num_graph_inputs
+        self.regions = regions
+        self._caps: tuple[JointAnalysis, tuple[RegionCap, ...]] | None = None  # the last graph's, reused by re-solves
 
     def uuid(self) -> str:
         """Covers everything a plan depends on, so a cached graph never crosses budgets."""
         digest = hashlib.sha256()
         digest.update(__version__.encode())
         digest.update(repr(self.config.budget).encode())
+        digest.update(repr(self.regions).encode())
         digest.update(repr(self.config.solver_effort).encode())
         digest.update(repr(self.config.peak).encode())
         digest.update(self.profile.key().encode())
@@ -178,7 +187,22 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         analysis = analyze_joint(gm, num_fwd_outputs, self.profile, self._activation_inputs(gm), autograd_saved)
         peak_graph = build_peak_graph(gm, analysis, num_fwd_outputs)
         plan, budget_bytes, peak_cap, solve_seconds = self.plan(name, analysis, peak_graph)
-        if plan.over_budget:
+        caps = self.region_caps(analysis)
+        if plan.over_regions:
+            over = ", ".join(
+                f"{cap.label!r} (budget {cap.budget}: {cap.max_bytes} bytes; the plan keeps "
+                f"{region_bytes(analysis.problem, plan.saved, plan.recomputed, cap.members)})"
+                for cap in caps
+                if cap.label in plan.over_regions
+            )
+            warnings.warn(
+                f"ckpt: graph {name!r}: no plan found keeps the per-module budgets of {over}: the backward needs "
+                "values there that cannot be recomputed, or recomputing them needs more than the cap; "
+                "using the plan that exceeds them least",
+                BudgetWarning,
+                stacklevel=2,
+            )
+        elif plan.over_budget:
             warnings.warn(
                 f"ckpt: graph {name!r}: memory budget {self.config.budget} ({budget_bytes} bytes) is below the "
                 f"smallest achievable plan ({plan.minimum_bytes} bytes of saved activations); using that plan",
@@ -213,6 +237,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             peak_graph=peak_graph,
             peak=predict_plan(peak_graph, plan),
             peak_cap_bytes=peak_cap,
+            region_caps=caps,
         )
         log.debug("ckpt graph %r plan fingerprint %s", name, record.fingerprint)
         publish(record)
@@ -231,7 +256,8 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         extracting the graphs, so tools can plan a traced joint graph exactly
         as the backend would.
         """
-        budget_bytes = self.config.budget.resolve(analysis.reference_bytes)
+        # With per-module budgets, the default budget caps the rest of the graph (a region cap).
+        budget_bytes = None if self.regions else self.config.budget.resolve(analysis.reference_bytes)
         started = time.perf_counter()
         plan = self._solve(analysis, budget_bytes)
         plan, peak_cap = self._fit_peak(name, analysis, peak_graph, plan, budget_bytes)
@@ -252,16 +278,41 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             return frozenset()
         return self.activation_inputs
 
-    def _resolve(self, analysis: JointAnalysis, cap: int | None) -> Plan:
+    def region_caps(self, analysis: JointAnalysis) -> tuple[RegionCap, ...]:
+        """The per-module caps for this graph (none without per-module budgets)."""
+        if not self.regions:
+            return ()
+        if self._caps is None or self._caps[0] is not analysis:
+            self._caps = (analysis, region_caps(analysis, self.regions, self.config.budget))
+        return self._caps[1]
+
+    def _resolve(
+        self, analysis: JointAnalysis, cap: int | None, force: frozenset[int] = frozenset(), effort: float = 1.0
+    ) -> Plan:
+        """The solver's plan under ``cap`` (and the per-module caps), with ``force`` saved."""
         # Stop searching once no plan can beat this one by 0.5% of the estimated step: less than
         # the cost model's own accuracy.
         tolerance = to_picoseconds(analysis.fixed_seconds * 5e-3)
+        if self.regions:
+            caps = self.region_caps(analysis)
+            if cap is not None:
+                caps += (RegionCap("(whole graph)", frozenset(range(len(analysis.problem))), cap),)
+            if caps:
+                plan = solve_regions(
+                    analysis.problem,
+                    caps,
+                    effort=self.config.solver_effort * effort,
+                    tolerance_ps=tolerance,
+                    force_saved=force,
+                )
+                return dataclasses.replace(plan, budget_bytes=cap)
         return solve(
             analysis.problem,
             cap,
-            effort=self.config.solver_effort,
+            effort=self.config.solver_effort * effort,
             tolerance_ps=tolerance,
             slack_ps=2 * tolerance,  # the leanest plan within 1% of the fastest the budget allows
+            force_saved=force,
         )
 
     def _solve(self, analysis: JointAnalysis, budget_bytes: int | None) -> Plan:
@@ -293,14 +344,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
 
         def solve_pinned(cap: int | None, force: frozenset[int], effort: float = 1.0) -> Plan:
             if (cap, force) not in solved:
-                solved[cap, force] = solve(
-                    analysis.problem,
-                    cap,
-                    effort=self.config.solver_effort * effort,
-                    tolerance_ps=tolerance,
-                    slack_ps=2 * tolerance,
-                    force_saved=force,
-                )
+                solved[cap, force] = self._resolve(analysis, cap, force, effort)
             return solved[cap, force]
 
         def solve_capped(cap: int | None, force: frozenset[int]) -> Plan:
@@ -419,10 +463,18 @@ def ckpt_backend(
     """
     compat.check_torch_version()
     config = resolve_auto_peak(CkptConfig.from_sources(options), example_inputs)
-    profile = resolve_profile(config, example_inputs)
     patches: dict[str, Any] = dict(compat.inductor_mode_options(mode))
     patches.update(compat.eager_rng_order_patches())
-    patches["custom_partitioner_fn"] = CkptPartitioner(
-        config, profile, activation_inputs(example_inputs), len(example_inputs)
-    )
+    patches["custom_partitioner_fn"] = make_partitioner(gm, example_inputs, config)
     return compat.compile_fx(gm, example_inputs, config_patches=patches)
+
+
+def make_partitioner(gm: fx.GraphModule, example_inputs: Sequence[object], config: CkptConfig) -> CkptPartitioner:
+    """The partitioner for one Dynamo graph: its device profile, activation inputs and budgeted modules."""
+    return CkptPartitioner(
+        config,
+        resolve_profile(config, example_inputs),
+        activation_inputs(example_inputs),
+        len(example_inputs),
+        frame_regions(gm, example_inputs, config.module_budgets),
+    )

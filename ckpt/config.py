@@ -36,6 +36,8 @@ __all__ = [
     "parse_budget",
     "parse_bool",
     "parse_peak",
+    "parse_budgets",
+    "validate_module_pattern",
 ]
 
 # option key -> environment variable
@@ -185,6 +187,53 @@ def parse_budget(value: Any, source: str = "CKPT_MEMORY_BUDGET") -> Budget:
     raise ValueError(_budget_error(source, value))
 
 
+_PATTERN_RE = re.compile(r"^(?:[A-Za-z0-9_]+|\*)(?:\.(?:[A-Za-z0-9_]+|\*))*$")
+
+
+def validate_module_pattern(pattern: Any, source: str) -> str:
+    """A module path pattern: dotted names (``layers.0.mlp``), ``*`` for one component, or ``""`` (the root)."""
+    if not isinstance(pattern, str) or (pattern and not _PATTERN_RE.match(pattern)):
+        raise ValueError(
+            f"{source}: {pattern!r} is not a module path; give dotted attribute names as in "
+            "model.named_modules(), with * for one component (for example 'layers.*.mlp'), or '' for the root"
+        )
+    return pattern
+
+
+def parse_budgets(value: Any, source: str = "CKPT_MEMORY_BUDGET") -> tuple[Budget, tuple[tuple[str, Budget], ...]]:
+    """A default budget and per-module budgets by path.
+
+    Accepts one budget (see :func:`parse_budget`), a mapping ``{path: budget}``
+    in which ``""`` is the default, or text such as ``"0.5,layers.*.mlp=0.1"``:
+    comma-separated items, an item without ``=`` being the default.
+    """
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, str) and ("=" in value or "," in value):
+        items = []
+        for item in value.split(","):
+            path, sep, budget = item.partition("=")
+            if not item.strip():
+                raise ValueError(f"{source}={value!r} has an empty item; separate items with single commas")
+            items.append((path.strip(), budget.strip()) if sep else ("", item.strip()))
+    else:
+        return parse_budget(value, source), ()
+    default = Budget()
+    per_module: dict[str, Budget] = {}
+    seen: set[str] = set()
+    for path, budget in items:
+        validate_module_pattern(path, source)
+        if path in seen:
+            raise ValueError(f"{source}={value!r} gives path {path!r} more than once")
+        seen.add(path)
+        parsed = parse_budget(budget, f"{source}[{path!r}]")
+        if path == "":
+            default = parsed
+        else:
+            per_module[path] = parsed
+    return default, tuple(sorted(per_module.items()))
+
+
 def _budget_error(source: str, value: Any) -> str:
     return f"{source}={value!r} is not a valid memory budget; accepted forms are {_BUDGET_FORMS}"
 
@@ -322,6 +371,7 @@ class CkptConfig:
     explain: str | None = None  # None, "log", or a directory for reports
     solver_effort: float = 1.0  # work for the repair search per graph (deterministic, not seconds)
     peak: PeakCap = field(default_factory=PeakCap)
+    module_budgets: tuple[tuple[str, Budget], ...] = ()  # (module path pattern, budget), sorted by path
 
     @classmethod
     def from_sources(
@@ -344,7 +394,7 @@ class CkptConfig:
             return _env_value(environ, env), env
 
         value, source = pick("memory_budget")
-        budget = parse_budget(value, source)
+        budget, module_budgets = parse_budgets(value, source)
         value, source = pick("device")
         device = _parse_device(value, source)
         value, source = pick("strict")
@@ -355,7 +405,15 @@ class CkptConfig:
         effort = _parse_effort(value, source) if value is not None else cls.solver_effort
         value, source = pick("peak_memory")
         peak = parse_peak(value, source)
-        return cls(budget=budget, device=device, strict=strict, explain=explain, solver_effort=effort, peak=peak)
+        return cls(
+            budget=budget,
+            device=device,
+            strict=strict,
+            explain=explain,
+            solver_effort=effort,
+            peak=peak,
+            module_budgets=module_budgets,
+        )
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:

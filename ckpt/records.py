@@ -11,6 +11,7 @@ so both import it and neither imports the other.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from ckpt.partitioner.analysis import JointAnalysis
     from ckpt.partitioner.peak import PeakGraph, PeakPrediction
     from ckpt.partitioner.plan import Plan
+    from ckpt.partitioner.problem import RegionCap
 
 __all__ = ["PartitionRecord", "publish", "record_partitions", "subscribe", "unsubscribe"]
 
@@ -54,6 +56,7 @@ class PartitionRecord:
     peak_graph: PeakGraph | None = None  # the graph's liveness data, for predicting any plan's peak
     peak: PeakPrediction | None = None  # the plan's predicted peak
     peak_cap_bytes: int | None = None  # CKPT_PEAK_MEMORY resolved for this graph (None: no cap)
+    region_caps: tuple[RegionCap, ...] = ()  # per-module budgets resolved for this graph
 
     @property
     def planned(self) -> tuple[JointAnalysis, Plan] | None:
@@ -67,7 +70,11 @@ class PartitionRecord:
         """A short hash of the plan's decisions, equal on every rank that makes the same plan."""
         if self.plan is None or self.analysis is None:
             return None
-        return self.plan.fingerprint(self.analysis.problem)
+        if not self.region_caps:
+            return self.plan.fingerprint(self.analysis.problem)
+        regions = ";".join(f"{cap.label}={cap.max_bytes}" for cap in self.region_caps)
+        text = self.plan.fingerprint(self.analysis.problem) + "|regions:" + regions
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 Subscriber = Callable[[PartitionRecord], None]

@@ -149,7 +149,8 @@ def peak_walk(
 
 
 def _within_budget(plan: Plan, budget_bytes: int | None) -> bool:
-    return budget_bytes is None or plan.bytes <= budget_bytes
+    """Within the byte budget and every per-module cap the solver was given."""
+    return not plan.over_regions and (budget_bytes is None or plan.bytes <= budget_bytes)
 
 
 def cap_peak(
