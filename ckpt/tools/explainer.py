@@ -54,9 +54,13 @@ def summary_line(record: PartitionRecord) -> str:
         return f"graph {record.graph}: fell back to torch's partition ({record.fallback_reason})"
     plan, analysis = record.plan, record.analysis
     mib = 1024 * 1024
+    regions = ""
+    if record.region_caps:
+        over = ", ".join(plan.over_regions)
+        regions = f"; {len(record.region_caps)} per-module caps, " + (f"exceeded: {over}" if over else "all kept")
     return (
         f"graph {record.graph}: saved {len(plan.saved)} values, {plan.bytes / mib:.2f} MiB "
-        f"(autograd saves {analysis.reference_bytes / mib:.2f} MiB, budget {record.budget}); "
+        f"(autograd saves {analysis.reference_bytes / mib:.2f} MiB, budget {record.budget}{regions}); "
         f"recomputed {len(plan.recomputed)} values; predicted extra time {plan.time / 1e6:.3f} us; "
         f"solver {plan.solver} in {record.solve_seconds * 1e3:.1f} ms"
     )

@@ -27,13 +27,13 @@ from ckpt.cost_model.node_cost import tensor_values
 from ckpt.cost_model.ops import OpKind
 from ckpt.partitioner.analysis import JointAnalysis
 from ckpt.partitioner.peak_analysis import describe
-from ckpt.partitioner.problem import evaluate
+from ckpt.partitioner.problem import evaluate, region_bytes
 from ckpt.tools.formatting import clip_rows, format_bytes, format_ps, short_source, table
 
 if TYPE_CHECKING:
     from ckpt.records import PartitionRecord
 
-__all__ = ["ExplainReport", "GraphReport", "PlanTotals", "graph_report", "plan_totals"]
+__all__ = ["ExplainReport", "GraphReport", "PlanTotals", "RegionRow", "graph_report", "plan_totals"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,23 @@ class SolverFacts:
 
 
 @dataclass(frozen=True)
+class RegionRow:
+    """One per-module budget in one graph: its cap and what the plan keeps there."""
+
+    label: str
+    budget: str
+    cap_bytes: int
+    autograd_bytes: int  # what autograd saves among the region's values (a fraction's reference)
+    saved_bytes: int  # what the plan keeps for the region's values
+    recompute_ps: int  # predicted time recomputing the region's values
+    values: int  # forward values the region computes
+
+    @property
+    def kept(self) -> bool:
+        return self.saved_bytes <= self.cap_bytes
+
+
+@dataclass(frozen=True)
 class GraphReport:
     graph: str
     budget: str
@@ -105,6 +122,7 @@ class GraphReport:
     recomputed: tuple[RecomputedValue, ...] = ()
     backward_only: int = 0  # values the backward computes anyway, at no extra cost
     peak: dict[str, Any] | None = None  # the plan's predicted peak (ckpt.partitioner.peak_analysis.describe)
+    regions: tuple[RegionRow, ...] = ()  # per-module budgets, with the rest of the graph's cap last
 
 
 def describe_value(node: fx.Node) -> dict[str, Any]:
@@ -254,6 +272,27 @@ def graph_report(record: PartitionRecord) -> GraphReport:
         recomputed=recomputed,
         backward_only=free,
         peak=None if record.peak is None else describe(record.peak),
+        regions=_region_rows(record),
+    )
+
+
+def _region_rows(record: PartitionRecord) -> tuple[RegionRow, ...]:
+    planned = record.planned
+    if planned is None:
+        return ()
+    analysis, plan = planned
+    problem = analysis.problem
+    return tuple(
+        RegionRow(
+            cap.label,
+            cap.budget,
+            cap.max_bytes,
+            cap.reference_bytes,
+            region_bytes(problem, plan.saved, plan.recomputed, cap.members),
+            sum(problem.recompute_time[i] for i in plan.recomputed if i in cap.members),
+            len(cap.members),
+        )
+        for cap in record.region_caps
     )
 
 
@@ -278,6 +317,25 @@ def _peak_markdown(peak: dict[str, Any] | None) -> list[str]:
         f"largest alive there: {alive or '-'}.",
         "",
     ]
+
+
+def _regions_markdown(regions: tuple[RegionRow, ...]) -> list[str]:
+    if not regions:
+        return []
+    rows = [
+        [
+            r.label,
+            r.budget,
+            format_bytes(r.cap_bytes),
+            format_bytes(r.autograd_bytes),
+            format_bytes(r.saved_bytes),
+            format_ps(r.recompute_ps),
+            "yes" if r.kept else "**no**",
+        ]
+        for r in regions
+    ]
+    header = ["region", "budget", "cap", "autograd saves", "plan keeps", "recompute time", "kept"]
+    return ["Per-module budgets:", "", table(header, rows, {2, 3, 4, 5}), ""]
 
 
 def _graph_markdown(g: GraphReport, max_rows: int | None) -> list[str]:
@@ -310,6 +368,7 @@ def _graph_markdown(g: GraphReport, max_rows: int | None) -> list[str]:
     if g.torch_default_note:
         out += [f"torch default partition: {g.torch_default_note}.", ""]
     out += _peak_markdown(g.peak)
+    out += _regions_markdown(g.regions)
     activations = [t for t in g.saved if not t.is_input or t.bytes]
     inputs = len(g.saved) - len(activations)
     out += [
