@@ -122,7 +122,9 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         self.activation_inputs = activation_inputs
         self.num_graph_inputs = num_graph_inputs
         self.regions = regions
-        self._caps: tuple[JointAnalysis, tuple[RegionCap, ...]] | None = None  # the last graph's, reused by re-solves
+        # This graph's per-module caps, reused by its re-solves; dropped after it (Inductor copies its config,
+        # this object included, and the analysis holds fake tensors).
+        self._caps: tuple[JointAnalysis, tuple[RegionCap, ...]] | None = None
 
     def uuid(self) -> str:
         """Covers everything a plan depends on, so a cached graph never crosses budgets."""
@@ -161,6 +163,8 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
                 )
             )
             return self._fallback_partition(gm, joint_inputs, num_fwd_outputs, static_indices, kwargs)
+        finally:
+            self._caps = None
 
     def _fallback_partition(
         self,

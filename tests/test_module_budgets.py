@@ -9,6 +9,7 @@ bytes of each module can be compared with its cap.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import pickle
 import warnings
@@ -352,3 +353,89 @@ def test_regions_are_in_the_cache_key_and_the_fingerprint(chain_and_input):
         prints.append(records[0].fingerprint)
     assert len(set(keys)) == 3
     assert len(set(prints)) == 3
+
+
+# --- Through Inductor: backend="ckpt" itself --------------------------------------------------
+
+
+def _inductor_step(model: nn.Module, x: torch.Tensor, options: dict[str, Any], caches: bool = False):
+    """One step through backend="ckpt"; with ``caches``, Inductor's and AOTAutograd's caches stay on."""
+    torch.compiler.reset()
+    live = {p.untyped_storage().data_ptr() for p in model.parameters()} | {x.untyped_storage().data_ptr()}
+    by_module: dict[str, int] = defaultdict(int)
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        key = tensor.untyped_storage().data_ptr()
+        if key not in live and tensor.dim() > 0:
+            live.add(key)
+            by_module[WIDTHS.get(tensor.shape[-1], f"width {tensor.shape[-1]}")] += tensor.untyped_storage().nbytes()
+        return tensor
+
+    compiled = torch.compile(model, backend="ckpt", options={"device": "h100", **options})
+    model.zero_grad(set_to_none=True)
+    caching = contextlib.nullcontext() if caches else compat.compile_caches_disabled()
+    with caching, record_partitions() as records:
+        with torch.autograd.graph.saved_tensors_hooks(torch.compiler.disable(pack), lambda t: t):
+            loss = compiled(x)
+        loss.backward()
+    return dict(by_module), list(records), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.compile
+@pytest.mark.compat
+def test_backend_keeps_each_module_s_cap_on_measured_bytes(chain_and_input):
+    model, x = chain_and_input
+    eager, _, want = step(model, None, x)
+    set_budget(model.up, 0.5)
+    set_budget(model.down, 0.0)
+    measured, records, grads = _inductor_step(model, x, {})
+    for got, expected in zip(grads, want):
+        torch.testing.assert_close(got, expected)
+    caps = caps_by_region(records)
+    assert caps == {"up": (eager["up"] // 2, eager["up"]), "down": (0, eager["down"])}
+    assert measured.get("up", 0) <= caps["up"][0] and measured.get("down", 0) == 0
+    assert predicted_by_region(records) == {"up": measured.get("up", 0), "down": 0}
+
+
+@pytest.mark.compile
+def test_the_compile_caches_never_serve_one_region_map_s_plan_for_another(chain_and_input):
+    model, x = chain_and_input
+    first, _, _ = _inductor_step(model, x, {"memory_budget": {"down": 0.0, "up": 0.0}}, caches=True)
+    second, _, _ = _inductor_step(model, x, {"memory_budget": {"head": 0.0}}, caches=True)
+    fresh, _, _ = _inductor_step(model, x, {"memory_budget": {"head": 0.0}})
+    assert second == fresh
+    assert first != second and first.get("head", 0) > 0 and second.get("head", 0) == 0
+
+
+def test_explain_shows_each_region_s_cap_bytes_and_recompute_time(chain_and_input):
+    from ckpt.tools.explainer import summary_line
+    from ckpt.tools.report import ExplainReport, graph_report
+
+    model, x = chain_and_input
+    set_budget(model.up, 0.5)
+    _, records, _ = step(model, kernel_free({"memory_budget": {"": 0.0, "head": "none"}}), x)
+    (record,) = records
+    report = graph_report(record)
+    rows = {row.label: row for row in report.regions}
+    assert set(rows) == {"up", "(rest of the graph)"}  # the head has no cap
+    assert rows["up"].budget == "0.5" and rows["up"].cap_bytes == rows["up"].autograd_bytes // 2
+    assert all(row.kept for row in report.regions)
+    assert rows["(rest of the graph)"].saved_bytes == 0 and rows["(rest of the graph)"].recompute_ps > 0
+    text = ExplainReport(graphs=(report,), budget="0", measured_bytes=None).to_markdown()
+    assert "Per-module budgets:" in text and "| up " in text
+    assert "2 per-module caps, all kept" in summary_line(record)
+
+
+def test_partition_fn_applies_path_budgets_to_graphs_that_record_module_paths(chain_and_input):
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import aot_function
+    from torch._functorch.compilers import nop
+
+    model, x = chain_and_input
+    partition = ckpt.partition_fn(memory_budget={"down": 0.0, "": "none"}, device="h100")
+    backend = aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=partition)
+    measured, records, _ = step(model, backend, x)
+    assert [c.label for c in records[0].region_caps] == ["down"]
+    assert measured.get("down", 0) == 0 and measured["up"] > 0
+    with pytest.warns(ModuleBudgetWarning, match="records no module paths"):
+        aot_function(torch.sin, nop, nop, partition_fn=partition)(torch.randn(4, requires_grad=True)).sum().backward()
