@@ -47,7 +47,16 @@ from ckpt.records import PartitionRecord, record_partitions
 from ckpt.tools.common import rotation
 from ckpt.tools.progress import Progress
 
-__all__ = ["STOP", "Clock", "ModelResult", "SettingResult", "benchmark_model", "summarize_record"]
+__all__ = [
+    "STOP",
+    "Clock",
+    "ModelResult",
+    "SettingResult",
+    "benchmark_model",
+    "prepare_step",
+    "summarize_record",
+    "time_round_robin",
+]
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +222,7 @@ def _step_peak(step: Step, model: BlockModel, inputs: Sequence[torch.Tensor], de
     return peak
 
 
-def _prepare(step: Step, model: BlockModel, inputs: Sequence[torch.Tensor], device: torch.device) -> SettingResult:
+def prepare_step(step: Step, model: BlockModel, inputs: Sequence[torch.Tensor], device: torch.device) -> SettingResult:
     """Compile (first step, caches off, partitions recorded), then count activation bytes."""
     result = SettingResult(step.setting)
     try:
@@ -244,7 +253,7 @@ def _prepare(step: Step, model: BlockModel, inputs: Sequence[torch.Tensor], devi
     return result
 
 
-def _time_round_robin(
+def time_round_robin(
     steps: list[Step], results: list[SettingResult], model: BlockModel, inputs: Sequence[torch.Tensor],
     device: torch.device, rounds: int, progress: Progress, name: str,
 ) -> None:  # fmt: skip
@@ -299,13 +308,13 @@ def benchmark_model(
             progress.update(f"{spec.name}: skip {setting.label} (time limit)")
             continue
         step = make_step(setting, model)
-        result = _prepare(step, model, inputs, device)
+        result = prepare_step(step, model, inputs, device)
         if setting.compiled and result.first_call_s is not None:
             next_compile = 1.2 * result.first_call_s
         steps.append(step)
         outcome.settings.append(result)
         progress.update(f"{spec.name}: compiled {setting.label}")
-    _time_round_robin(steps, outcome.settings, model, inputs, device, rounds, progress, spec.name)
+    time_round_robin(steps, outcome.settings, model, inputs, device, rounds, progress, spec.name)
     del steps, model, inputs
     torch.compiler.reset()
     gc.collect()

@@ -63,6 +63,7 @@ class Setting:
     family: str
     budget: float | None = None  # fraction for torch budget and ckpt; None: no cap
     peak: float | None = None  # ckpt only: CKPT_PEAK_MEMORY as a fraction; None: no peak cap
+    budget_text: str | None = None  # ckpt only: CKPT_MEMORY_BUDGET as text (a size, or per-module budgets)
 
     @property
     def compiled(self) -> bool:
@@ -160,7 +161,7 @@ def make_step(setting: Setting, model: BlockModel) -> Step:
     from ckpt.backend import ckpt_backend  # the callable, so an uninstalled checkout (PYTHONPATH=.) works too
 
     options = {
-        "memory_budget": "none" if setting.budget is None else str(setting.budget),
+        "memory_budget": setting.budget_text or ("none" if setting.budget is None else str(setting.budget)),
         "peak_memory": "none" if setting.peak is None else str(setting.peak),
     }
     compiled = torch.compile(fn, backend=ckpt_backend, fullgraph=True, options=options)

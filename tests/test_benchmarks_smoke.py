@@ -104,3 +104,34 @@ def test_solver_speed_rows_time_the_solve_and_the_planning_step():
         assert row.plan_s > 0 and row.peak_bytes > 0
         within = row.budget_bytes is None or row.plan_bytes <= row.budget_bytes or row.minimum_bytes is not None
         assert within, row
+
+
+def test_module_budgets_table_splits_each_plan_by_region():
+    from benchmarks.module_budgets import to_markdown
+
+    mib = 2**20
+    row = {"error": None, "spread": 0.02, "peak_bytes": 30 * mib, "predicted_peak_bytes": 29 * mib}
+    data = {
+        "size": "cpu",
+        "rounds": 20,
+        "regions": "none,blocks.*.attn=0.5,blocks.*.mlp=0.1",
+        "caps": [
+            {"label": "blocks.0.attn", "budget": "0.5", "cap": 4 * mib, "autograd": 8 * mib},
+            {"label": "blocks.0.mlp", "budget": "0.1", "cap": 1 * mib, "autograd": 10 * mib},
+        ],
+        "rows": [
+            {**row, "setting": "compile", "saved_bytes": 20 * mib, "step_s": 0.100},
+            {
+                **row,
+                "setting": "ckpt regions (attn 0.5, mlp 0.1)",
+                "saved_bytes": 6 * mib,
+                "step_s": 0.110,
+                "predicted_extra_s": 0.008,
+                "by_region": {"attn": 4 * mib, "mlp": 1 * mib, "rest": 1 * mib},
+            },
+        ],
+    }
+    text = to_markdown(data)
+    assert "| ckpt regions (attn 0.5, mlp 0.1) |      6.00 |     4.00 |    1.00 |     1.00 |" in text
+    assert "0.909" in text  # compile's step over the regional one
+    assert "| mlp    |    1.00 |              10.00 |" in text

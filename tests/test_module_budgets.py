@@ -139,6 +139,7 @@ def chain_and_input():
     return Chain(), torch.randn(8, 16)
 
 
+@pytest.mark.compat
 def test_each_module_keeps_its_own_cap_on_measured_bytes(chain_and_input):
     model, x = chain_and_input
     eager, _, want = step(model, None, x)
@@ -186,6 +187,7 @@ def test_options_paths_override_set_budget(chain_and_input):
     assert {cap.label: cap.budget for cap in record.region_caps} == {"down": "0"}
 
 
+@pytest.mark.compat
 def test_a_graph_break_inside_a_budgeted_module_keeps_its_budget_in_each_part():
     torch.manual_seed(0)
     model, x = Chain(graph_break=True), torch.randn(8, 16)
@@ -232,6 +234,7 @@ class Blocks(nn.Module):
         return total
 
 
+@pytest.mark.compat
 def test_a_graph_is_reused_only_for_modules_under_the_same_budgets():
     torch.manual_seed(0)
     model, x = Blocks(4), torch.randn(8, 16)
@@ -426,6 +429,7 @@ def test_explain_shows_each_region_s_cap_bytes_and_recompute_time(chain_and_inpu
     assert "2 per-module caps, all kept" in summary_line(record)
 
 
+@pytest.mark.compat
 def test_partition_fn_applies_path_budgets_to_graphs_that_record_module_paths(chain_and_input):
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import aot_function

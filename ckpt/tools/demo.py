@@ -31,34 +31,58 @@ from ckpt.records import record_partitions
 from ckpt.tools.common import rotation
 from ckpt.tools.progress import Progress
 
-__all__ = ["DemoGPT", "DemoRow", "GPTBlock", "run_demo"]
+__all__ = ["DemoGPT", "DemoRow", "GPTAttention", "GPTBlock", "GPTMLP", "run_demo"]
 
 
-class GPTBlock(nn.Module):
-    """A GPT-2 block: pre-LayerNorm causal attention (``scaled_dot_product_attention``), GELU MLP, residuals.
-
-    With ``dropout > 0``, dropout after the attention projection and the MLP.
-    The demo, the benchmarks' GPT-2 model and the end-to-end tests share it.
-    """
+class GPTAttention(nn.Module):
+    """Pre-LayerNorm causal self-attention (``scaled_dot_product_attention``), with dropout after the projection."""
 
     def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.heads = heads
-        self.ln1 = nn.LayerNorm(dim)
+        self.ln = nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
-        self.ln2 = nn.LayerNorm(dim)
+        self.dropout: nn.Module = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.dropout(self.proj(attn.transpose(1, 2).reshape(b, t, d)))
+
+
+class GPTMLP(nn.Module):
+    """Pre-LayerNorm GELU MLP, four times as wide inside, with dropout after it."""
+
+    def __init__(self, dim: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(dim)
         self.fc = nn.Linear(dim, 4 * dim)
         self.out = nn.Linear(4 * dim, dim)
         self.dropout: nn.Module = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.dropout(self.proj(attn.transpose(1, 2).reshape(b, t, d)))
-        return x + self.dropout(self.out(F.gelu(self.fc(self.ln2(x)))))
+        return self.dropout(self.out(F.gelu(self.fc(self.ln(x)))))
+
+
+class GPTBlock(nn.Module):
+    """A GPT-2 block: ``attn`` then ``mlp``, each added to the residual stream.
+
+    With ``dropout > 0``, dropout after the attention projection and the MLP.
+    The demo, the benchmarks' GPT-2 model and the end-to-end tests share it;
+    per-module budgets name its parts (``blocks.*.attn``, ``blocks.*.mlp``).
+    """
+
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.attn = GPTAttention(dim, heads, dropout)
+        self.mlp = GPTMLP(dim, dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(x)
+        return x + self.mlp(x)
 
 
 class DemoGPT(nn.Module):
