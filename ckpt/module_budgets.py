@@ -16,9 +16,13 @@ names ``fc.weight`` found at ``L['self'].layers.0.mlp.fc.weight`` puts it at
 compile a submodule's forward as a frame of its own, that frame's paths start
 at the submodule (``L['self'].fc.weight``); a budgeted module whose tensor
 ``mlp.fc.weight`` is found there contains the frame, and its budget covers the
-whole graph.  So a module split across graphs keeps its budget in each part.
-A module with no tensors of its own is placed through the module its path was
-resolved from (:func:`set_budget` with a mapping).
+whole graph.  A graph that holds none of a budgeted module's tensors but is
+compiled while that module's forward runs (the part of the forward after a
+graph break) takes the module's budget for all its values: Dynamo compiles a
+frame while its caller runs, so the module is found as ``self`` of a frame on
+the Python stack.  So a module split across graphs keeps its budget in each
+part.  A module with no tensors of its own is placed through the module its
+path was resolved from (:func:`set_budget` with a mapping).
 
 **Guards.**  Dynamo reuses a frame's compiled graph for every object that
 passes its guards, and parameters are graph inputs, so two instances of one
@@ -26,7 +30,9 @@ class (two blocks, or two copies of a model) share graphs.  Each module under
 a budget therefore carries a small forward pre-hook that reads a tag: the
 budgets over it and its path under each.  Dynamo traces the hook and guards on
 the tag, so a graph compiled for a module under one budget is never run for a
-module under another, while equally budgeted blocks share their graphs.
+module under another, while equally budgeted blocks share their graphs.  (A
+graph found only on the stack has no such guard: it is reused for every
+instance of the class, and :class:`ModuleBudgetWarning` says so.)
 
 Paths in ``options`` are matched against the modules whose code the graph runs,
 relative to the frame that Dynamo compiled (the module ``torch.compile`` was
