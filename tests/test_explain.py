@@ -424,10 +424,12 @@ def test_explain_end_to_end(tmp_path):
     # CKPT_EXPLAIN=path wrote the predicted report for the same graph.
     written = json.loads((tmp_path / f"{graph.graph}.json").read_text())
     assert written["predicted_bytes"] == report.predicted_bytes and written["measured_bytes"] is None
-    # A later torch.compile of the user's model compiles afresh, at its own budget.
+    # A later torch.compile of the user's model compiles afresh, at its own budget. (Inductor's
+    # on-disk caches stay off: a run of the suite before this one may have cached this graph.)
+    from ckpt._torch_compat import compile_caches_disabled
     from ckpt.records import record_partitions
 
-    with record_partitions() as records:
+    with compile_caches_disabled(), record_partitions() as records:
         torch.compile(model, backend="ckpt", options={"memory_budget": "none"})(x).backward()
     assert [str(r.budget) for r in records] == ["none"]
 
