@@ -58,7 +58,7 @@ from ckpt.partitioner.problem import ProblemError, RegionCap, region_bytes
 from ckpt.partitioner.regional import solve_regions
 from ckpt.partitioner.regions import RegionSpec, region_caps
 from ckpt.partitioner.solver import solve
-from ckpt.partitioner.symbolic import fit_fraction
+from ckpt.partitioner.symbolic import fit_fraction, fit_region_fractions
 from ckpt.partitioner.torch_plan import plan_from_saved_names, torch_default_saved_names
 from ckpt.records import PartitionRecord, publish
 
@@ -324,6 +324,8 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
 
     def _fit_fraction(self, analysis: JointAnalysis, budget_bytes: int | None, plan: Plan) -> Plan:
         """Under dynamic shapes, a plan whose fraction holds at every sample size (:mod:`ckpt.partitioner.symbolic`)."""
+        if self.regions:
+            return self._fit_region_fractions(analysis, budget_bytes, plan)
         fraction = self.config.budget.fraction
         if fraction is None or budget_bytes is None:
             return plan
@@ -337,6 +339,26 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             analysis.size_hints,
             lambda cap: self._resolve(analysis, cap),
         )
+
+    def _fit_region_fractions(self, analysis: JointAnalysis, budget_bytes: int | None, plan: Plan) -> Plan:
+        """Per-module fractions that hold at every sample size; the lowered caps stay for later re-solves."""
+        caps = self.region_caps(analysis)
+
+        def resolve(tightened: tuple[RegionCap, ...]) -> Plan:
+            self._caps = (analysis, tightened)
+            return self._resolve(analysis, budget_bytes)
+
+        plan, caps = fit_region_fractions(
+            plan,
+            caps,
+            analysis.problem,
+            analysis.reference_saved,
+            analysis.save_bytes_exprs,
+            analysis.size_hints,
+            resolve,
+        )
+        self._caps = (analysis, caps)
+        return plan
 
     def _fit_peak(
         self, name: str, analysis: JointAnalysis, peak_graph: PeakGraph, plan: Plan, budget_bytes: int | None

@@ -95,3 +95,37 @@ def test_a_cap_no_plan_keeps_is_named():
     p = problem([("x", (), 0, 0, 0, True, False), ("a", ("x",), 1000, 5, 300, True, False)], needed={"a"})
     plan = solve_regions(p, [RegionCap("mlp", frozenset({1}), 10)])
     assert plan.over_budget and plan.over_regions == ("mlp",)
+
+
+def test_a_region_s_fraction_is_fitted_at_every_size_under_dynamic_shapes():
+    import sympy
+
+    from ckpt.partitioner.symbolic import fit_region_fractions
+
+    # `scores` grows with s*s, `h` with s; at the hint s=3 saving the costly scores keeps half of
+    # what autograd saves (36 of 132 bytes), at s=24 three quarters.
+    s = sympy.Symbol("s", positive=True, integer=True)
+    exprs = [0, 4 * s * s, 32 * s]
+    hints = {s: 3}
+    p = problem(
+        [
+            ("x", (), 0, 0, 0, True, False),
+            ("scores", ("x",), 36, 5, 900, True, True),
+            ("h", ("x",), 96, 5, 40, True, True),
+        ],
+        needed={"scores", "h"},
+    )
+    members = frozenset({1, 2})
+    cap = RegionCap("attn", members, 66, "0.5", 132, 0.5)
+    reference = frozenset({1, 2})
+
+    def resolve(caps):
+        return solve_regions(p, caps)
+
+    first = resolve((cap,))
+    assert [p.names[i] for i in first.saved] == ["x", "scores"]
+    plan, caps = fit_region_fractions(first, (cap,), p, reference, exprs, hints, resolve)
+    assert caps[0].max_bytes < 36 and "scores" not in {p.names[i] for i in plan.saved}
+    # Without symbols nothing changes.
+    same, kept = fit_region_fractions(first, (cap,), p, reference, [0, 36, 96], hints, resolve)
+    assert same == first and kept == (cap,)

@@ -142,8 +142,9 @@ def evaluate(problem: Problem, saved: Iterable[int]) -> tuple[int, int, frozense
 class RegionCap:
     """At most ``max_bytes`` of activation memory among the values ``members``.
 
-    ``budget`` and ``reference_bytes`` describe where the cap came from (the
-    budget as given, and the bytes its fraction is of), for reports only.
+    ``budget``, ``fraction`` and ``reference_bytes`` describe where the cap
+    came from (the budget as given, its fraction if it is one, and the bytes
+    the fraction is of); solvers read only ``members`` and ``max_bytes``.
     """
 
     label: str
@@ -151,6 +152,7 @@ class RegionCap:
     max_bytes: int
     budget: str = ""
     reference_bytes: int = 0
+    fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_bytes < 0:

@@ -99,5 +99,5 @@ def region_caps(analysis: JointAnalysis, specs: Sequence[RegionSpec], default: B
         if cap is None:
             continue
         label = REST_LABEL if k is None else specs[k].label
-        caps.append(RegionCap(label, members, cap, str(budget), reference))
+        caps.append(RegionCap(label, members, cap, str(budget), reference, budget.fraction))
     return tuple(caps)

@@ -7,21 +7,25 @@ hints can keep more at other sizes.  :func:`fit_fraction` checks the plan's
 ratio ``saved bytes / bytes autograd saves`` at sample sizes around the hints
 (each symbol and all together scaled from 1/4 to 8 times) and, while the ratio
 exceeds the fraction somewhere, re-solves with a cap at the hints below the
-plan's bytes, scaled by fraction / ratio.
+plan's bytes, scaled by fraction / ratio.  :func:`fit_region_fractions` does
+the same for per-module budgets, region by region: each fractional region's
+ratio is its saved bytes over what autograd saves among its values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import sympy
 
 from ckpt.partitioner.plan import Plan
+from ckpt.partitioner.problem import Problem, RegionCap, region_bytes
 
-__all__ = ["fit_fraction", "sample_points", "worst_ratio"]
+__all__ = ["fit_fraction", "fit_region_fractions", "sample_points", "worst_ratio"]
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +94,7 @@ def fit_fraction(
     ``resolve(cap)`` solves again with a byte cap at the hints.  Gives up after
     a few rounds with the last (leanest) plan tried, and warns with the ratio it reached.
     """
-    symbols: set[Any] = set()
-    for expr in exprs:
-        if not isinstance(expr, int):
-            symbols |= sympy.sympify(expr).free_symbols
+    symbols = _symbols(exprs)
     if not symbols or plan.over_budget:
         return plan
     points = sample_points(hints, symbols)
@@ -128,6 +129,65 @@ def fit_fraction(
         fraction,
     )
     return plan
+
+
+def _symbols(exprs: Sequence[Any]) -> set[Any]:
+    symbols: set[Any] = set()
+    for expr in exprs:
+        if not isinstance(expr, int):
+            symbols |= sympy.sympify(expr).free_symbols
+    return symbols
+
+
+def fit_region_fractions(
+    plan: Plan,
+    caps: Sequence[RegionCap],
+    problem: Problem,
+    reference_saved: Collection[int],
+    exprs: Sequence[Any],
+    hints: dict[Any, int],
+    resolve: Callable[[tuple[RegionCap, ...]], Plan],
+) -> tuple[Plan, tuple[RegionCap, ...]]:
+    """:func:`fit_fraction` for per-module caps: each fractional region keeps its fraction at every size.
+
+    ``resolve(caps)`` solves again under the given caps.  Returns the plan
+    and the caps it was solved under (a region's cap at the hints is lowered
+    where its ratio exceeded its fraction at some size).
+    """
+    caps = tuple(caps)
+    symbols = _symbols(exprs)
+    if not symbols or plan.over_budget or all(cap.fraction is None for cap in caps):
+        return plan, caps
+    points = sample_points(hints, symbols)
+
+    def ratio(candidate: Plan, cap: RegionCap) -> float:
+        saved = [i for i in candidate.saved if i in cap.members]
+        baseline = [i for i in reference_saved if i in cap.members]
+        used = region_bytes(problem, candidate.saved, candidate.recomputed, cap.members)
+        return worst_ratio(saved, baseline, exprs, points, extra=used - _total(exprs, saved, hints))
+
+    for _ in range(_ROUNDS):
+        tightened = list(caps)
+        for k, cap in enumerate(caps):
+            if cap.fraction is None or (r := ratio(plan, cap)) <= cap.fraction + 1e-12:
+                continue
+            used = region_bytes(problem, plan.saved, plan.recomputed, cap.members)
+            log.debug("region %s keeps %.3f of what autograd saves at some size; lowering its cap", cap.label, r)
+            tightened[k] = dataclasses.replace(
+                cap, max_bytes=max(0, min(cap.max_bytes - 1, int(used * cap.fraction / r)))
+            )
+        if tightened == list(caps):
+            return plan, caps
+        caps = tuple(tightened)
+        plan = resolve(caps)
+        if plan.over_budget:
+            break
+    worst = [(cap.label, ratio(plan, cap), cap.fraction) for cap in caps if cap.fraction is not None]
+    log.warning(
+        "ckpt: under dynamic shapes some per-module budgets are exceeded at some sizes: %s",
+        ", ".join(f"{label} keeps {r:.3f} (budget {f:g})" for label, r, f in worst if f is not None and r > f),
+    )
+    return plan, caps
 
 
 def _constant_bytes(plan: Plan, exprs: Sequence[Any], hints: dict[Any, int]) -> int:

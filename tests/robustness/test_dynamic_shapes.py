@@ -154,3 +154,38 @@ def test_absolute_budget_is_read_at_the_compile_sizes():
     for (batch, seq), step in zip(SIZES, got):
         expected = bytes_at_sizes(record, record.plan.saved, {HINT_BATCH: batch, HINT_SEQ: seq})
         assert step.saved_bytes == expected
+
+
+class ScoresInside(nn.Module):
+    """The score-and-MLP model as a submodule, so a per-module budget covers every value of the graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = ScoresModel()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def test_a_per_module_fraction_holds_at_every_size():
+    from ckpt.module_budgets import clear_budgets, set_budget
+
+    torch.manual_seed(0)
+    sizes = [(HINT_BATCH, 3), (HINT_BATCH, 16), (3, 24)]
+    model = ScoresInside()
+    batches = _batches(sizes)
+    want, _ = run_steps(model, batches)
+    set_budget(model.inner, 0.5)
+    try:
+        got, _ = run_steps(model, batches, compile_fn=lambda m: ckpt_compile(m, "none", dynamic=True))
+    finally:
+        clear_budgets()
+    assert_runs_close(got, want)
+    (record,) = got[0].records
+    (cap,) = record.region_caps
+    assert cap.fraction == 0.5 and len(cap.members) == len(record.analysis.problem)
+    for (batch, seq), step in zip(sizes, got):
+        size_for_hint = {HINT_BATCH: batch, 3: seq}
+        assert step.saved_bytes == bytes_at_sizes(record, record.plan.saved, size_for_hint)
+        limit = math.floor(0.5 * bytes_at_sizes(record, record.analysis.reference_saved, size_for_hint))
+        assert step.saved_bytes <= limit, f"size {(batch, seq)}: {step.saved_bytes} B > {limit} B"
