@@ -89,22 +89,28 @@ def kernel_free(options: dict[str, Any]) -> Callable[..., Any]:
     return backend
 
 
-def step(model: nn.Module, backend: Any, x: torch.Tensor) -> tuple[dict[str, int], list[PartitionRecord], list]:
-    """One forward and backward: the saved bytes of each module (by width), the records, the gradients."""
+def step(
+    model: nn.Module, backend: Any, x: torch.Tensor, options: dict[str, Any] | None = None, caches: bool = False
+) -> tuple[dict[str, int], list[PartitionRecord], list]:
+    """One forward and backward: the saved bytes of each module (by width), the records, the gradients.
+
+    ``backend`` None runs eagerly; ``options`` go to ``torch.compile``; with ``caches``, Inductor's and
+    AOTAutograd's caches stay on.
+    """
     live = {p.untyped_storage().data_ptr() for p in model.parameters()} | {x.untyped_storage().data_ptr()}
     by_module: dict[str, int] = defaultdict(int)
-    seen: set[int] = set()
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         key = tensor.untyped_storage().data_ptr()
-        if key not in live and key not in seen and tensor.dim() > 0:
-            seen.add(key)
+        if key not in live and tensor.dim() > 0:
+            live.add(key)
             by_module[WIDTHS.get(tensor.shape[-1], f"width {tensor.shape[-1]}")] += tensor.untyped_storage().nbytes()
         return tensor
 
-    compiled = model if backend is None else torch.compile(model, backend=backend)
+    compiled = model if backend is None else torch.compile(model, backend=backend, options=options)
     model.zero_grad(set_to_none=True)
-    with compat.compile_caches_disabled(), record_partitions() as records:
+    caching = contextlib.nullcontext() if caches else compat.compile_caches_disabled()
+    with caching, record_partitions() as records:
         with torch.autograd.graph.saved_tensors_hooks(torch.compiler.disable(pack), lambda t: t):
             loss = compiled(x)
         loss.backward()
@@ -364,24 +370,7 @@ def test_regions_are_in_the_cache_key_and_the_fingerprint(chain_and_input):
 def _inductor_step(model: nn.Module, x: torch.Tensor, options: dict[str, Any], caches: bool = False):
     """One step through backend="ckpt"; with ``caches``, Inductor's and AOTAutograd's caches stay on."""
     torch.compiler.reset()
-    live = {p.untyped_storage().data_ptr() for p in model.parameters()} | {x.untyped_storage().data_ptr()}
-    by_module: dict[str, int] = defaultdict(int)
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        key = tensor.untyped_storage().data_ptr()
-        if key not in live and tensor.dim() > 0:
-            live.add(key)
-            by_module[WIDTHS.get(tensor.shape[-1], f"width {tensor.shape[-1]}")] += tensor.untyped_storage().nbytes()
-        return tensor
-
-    compiled = torch.compile(model, backend="ckpt", options={"device": "h100", **options})
-    model.zero_grad(set_to_none=True)
-    caching = contextlib.nullcontext() if caches else compat.compile_caches_disabled()
-    with caching, record_partitions() as records:
-        with torch.autograd.graph.saved_tensors_hooks(torch.compiler.disable(pack), lambda t: t):
-            loss = compiled(x)
-        loss.backward()
-    return dict(by_module), list(records), [p.grad.clone() for p in model.parameters()]
+    return step(model, "ckpt", x, options={"device": "h100", **options}, caches=caches)
 
 
 @pytest.mark.compile
