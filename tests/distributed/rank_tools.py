@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ckpt.measure import live_storages
+from ckpt.partitioner.problem import region_bytes
 from ckpt.records import PartitionRecord
 
 __all__ = [
@@ -60,15 +61,28 @@ class PlanSummary:
     saved: tuple[str, ...]
     recomputed: tuple[str, ...]
     reasons: dict[str, str] = field(default_factory=dict)
+    regions: dict[str, tuple[int, int]] = field(default_factory=dict)  # per-module budget -> (bytes kept, cap)
 
     @property
     def within_budget(self) -> bool:
         """Within the cap, or at the least memory the graph allows when the cap is below it."""
+        if any(kept > cap for kept, cap in self.regions.values()):
+            return False
         if self.budget_bytes is None or self.plan_bytes is None:
             return True
         if self.over_budget:
             return self.plan_bytes == self.minimum_bytes
         return self.plan_bytes <= self.budget_bytes
+
+
+def _regions(record: PartitionRecord) -> dict[str, tuple[int, int]]:
+    if record.plan is None or record.analysis is None:
+        return {}
+    problem, plan = record.analysis.problem, record.plan
+    return {
+        cap.label: (region_bytes(problem, plan.saved, plan.recomputed, cap.members), cap.max_bytes)
+        for cap in record.region_caps
+    }
 
 
 def summarize(records: list[PartitionRecord]) -> list[PlanSummary]:
@@ -90,6 +104,7 @@ def summarize(records: list[PartitionRecord]) -> list[PlanSummary]:
                 saved=tuple(names[i] for i in plan.saved) if plan else (),
                 recomputed=tuple(names[i] for i in plan.recomputed) if plan else (),
                 reasons=dict(analysis.reasons) if analysis is not None else {},
+                regions=_regions(record),
             )
         )
     return summaries

@@ -25,6 +25,8 @@ SCENARIOS = [
     ("model-0", "model", "0"),
     ("blocks-0.5", "blocks", "0.5"),
     ("blocks-0", "blocks", "0"),
+    ("model-first-block-0", "model", "first-block=0"),
+    ("blocks-first-block-0", "blocks", "first-block=0"),
 ]
 NAMES = [name for name, _, _ in SCENARIOS]
 TIMEOUT_S = 300
@@ -65,6 +67,16 @@ def test_every_rank_makes_the_same_plan(ranks, name):
     assert len(profiles) == 1, "ranks on one machine share one calibrated cpu profile"
     for rank, outcomes in enumerate(ranks):
         assert outcomes[name].logged == everyone[rank], "the DEBUG log names the recorded fingerprints"
+
+
+@pytest.mark.parametrize("name", ["model-first-block-0", "blocks-first-block-0"])
+def test_a_per_module_budget_applies_under_fsdp2(ranks, name):
+    """ckpt.set_budget on a block that fully_shard then wraps: the graphs with its values keep its cap."""
+    plans = ranks[0][name].plans
+    capped = [plan for plan in plans if plan.regions]
+    assert capped, [plan.graph for plan in plans]
+    assert all(kept <= cap for plan in capped for kept, cap in plan.regions.values()), capped
+    assert ranks[0][name].steps[0].saved_bytes < ranks[0]["model-none"].steps[0].saved_bytes
 
 
 def test_the_budget_lowers_saved_activations(ranks):

@@ -21,6 +21,7 @@ import torch.nn as nn
 
 from ckpt import _torch_compat as compat
 from ckpt.measure import saved_activations
+from ckpt.module_budgets import clear_budgets, set_budget
 from ckpt.records import record_partitions
 from tests.distributed.launch import progress
 from tests.distributed.models import LR, Step, global_batches, make_net
@@ -53,8 +54,13 @@ class Outcome:
     library_saved: int | str | None = None  # ckpt.measure.saved_activations(model, batch) after training, or its error
 
 
+# A scenario budget of this form gives the first block its own budget with ckpt.set_budget
+# (before fully_shard) and leaves the rest of the model without one.
+FIRST_BLOCK = "first-block="
+
+
 def _options(budget: str) -> dict[str, str]:
-    return {"memory_budget": budget}
+    return {"memory_budget": "none" if budget.startswith(FIRST_BLOCK) else budget}
 
 
 def _train(
@@ -104,6 +110,9 @@ def _fsdp_scenario(name: str, rank: int, world_size: int, wrapping: str, budget:
 
     torch.compiler.reset()
     model = make_net(FSDP_DIM)
+    clear_budgets()
+    if budget.startswith(FIRST_BLOCK):
+        set_budget(model.blocks[0], budget.removeprefix(FIRST_BLOCK))
     for block in model.blocks:
         fully_shard(block)
     fully_shard(model)
