@@ -778,6 +778,12 @@ def placeholder_sources(gm: fx.GraphModule) -> list[str | None]:
     return sources
 
 
+def node_module_stack(node: fx.Node) -> list[tuple[str, type]]:
+    """The modules whose forward produced ``node``, outermost first: (path, class)."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    return [(module_path(path), cls) for path, cls in stack.values() if isinstance(path, str) and isinstance(cls, type)]
+
+
 def node_module_path(node: fx.Node) -> str | None:
     """The innermost module whose forward produced ``node`` (None outside any submodule).
 

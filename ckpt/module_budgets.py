@@ -300,13 +300,40 @@ def _depth(path: str) -> int:
     return path.count(".") + 1
 
 
-def _place(module: torch.nn.Module, sources: Mapping[int, str]) -> tuple[str, int] | None:
+@dataclass(frozen=True)
+class _Frame:
+    """What one Dynamo graph tells about its modules."""
+
+    sources: Mapping[int, str]  # id of a graph input tensor -> where Dynamo found it
+    classes: Mapping[str, type]  # module path -> class, for the modules whose code the graph runs
+
+    def fits(self, path: str, module: torch.nn.Module) -> bool:
+        """Whether ``module`` can be the module at ``path`` (a shared parameter can point elsewhere)."""
+        cls = self.classes.get(path)
+        return cls is None or issubclass(type(module), cls) or issubclass(cls, type(module))
+
+
+def _frame_of(gm: fx.GraphModule, example_inputs: Sequence[object]) -> _Frame:
+    sources: dict[int, str] = {}
+    for value, source in zip(example_inputs, compat.placeholder_sources(gm)):
+        if isinstance(value, torch.Tensor) and source is not None:
+            sources.setdefault(id(value), source)
+    classes: dict[str, type] = {}
+    for node in gm.graph.nodes:
+        for path, cls in compat.node_module_stack(node):
+            classes.setdefault(path, cls)
+    return _Frame(sources, classes)
+
+
+def _place(module: torch.nn.Module, frame: _Frame) -> tuple[str, int] | None:
     """Where ``module`` sits in the frame, from where Dynamo found its tensors: (frame path, depth).
 
     Inside the frame, the path of the module; for a module that contains the
     frame's own module, the frame's root, with a depth below 1 (less specific
-    than anything inside).
+    than anything inside).  A path whose code is another class's (a weight
+    shared with another module, found there) does not place it.
     """
+    sources = frame.sources
     own = {id(t) for t in itertools.chain(module.parameters(), module.buffers())}
     inside: set[str] = set()
     around: set[tuple[str, int]] = set()
@@ -326,7 +353,8 @@ def _place(module: torch.nn.Module, sources: Mapping[int, str]) -> tuple[str, in
     placed = sorted(
         prefix
         for prefix in inside
-        if all(key in own for key, source in sources.items() if source.startswith(prefix + "."))
+        if frame.fits(prefix, module)
+        and all(key in own for key, source in sources.items() if source.startswith(prefix + "."))
     )
     if placed:
         if len(placed) > 1:
@@ -338,8 +366,8 @@ def _place(module: torch.nn.Module, sources: Mapping[int, str]) -> tuple[str, in
     return None
 
 
-def _place_entry(module: torch.nn.Module, entry: _Entry, sources: Mapping[int, str]) -> tuple[str, int] | None:
-    found = _place(module, sources)
+def _place_entry(module: torch.nn.Module, entry: _Entry, frame: _Frame) -> tuple[str, int] | None:
+    found = _place(module, frame)
     if found is not None or entry.anchor is None:
         return found
     root = entry.anchor[0]()
@@ -347,7 +375,7 @@ def _place_entry(module: torch.nn.Module, entry: _Entry, sources: Mapping[int, s
         return None
     parts = entry.anchor[1].split(".") if entry.anchor[1] else []
     for k in range(len(parts) - 1, -1, -1):  # the nearest ancestor the graph can place
-        where = _place(root.get_submodule(".".join(parts[:k])), sources)
+        where = _place(root.get_submodule(".".join(parts[:k])), frame)
         if where is not None and where[1] >= 1:
             path = ".".join([where[0], *parts[k:]])
             return path, _depth(path)
@@ -370,15 +398,19 @@ def frame_regions(
         entries = list(_registry.items())
     if not entries and not patterns:
         return ()
-    sources: dict[int, str] = {}
-    for value, source in zip(example_inputs, compat.placeholder_sources(gm)):
-        if isinstance(value, torch.Tensor) and source is not None:
-            sources.setdefault(id(value), source)
+    frame = _frame_of(gm, example_inputs)
     specs: dict[str, RegionSpec] = {}
     placed: set[int] = set()
     for module, entry in entries:
-        where = _place_entry(module, entry, sources)
+        where = _place_entry(module, entry, frame)
         if where is None:
+            if any(id(t) in frame.sources for t in itertools.chain(module.parameters(), module.buffers())):
+                _warn_once(
+                    f"unplaced:{entry.label}",
+                    f"ckpt: a compiled graph reads the parameters of the budgeted {entry.label} but cannot tell "
+                    "where it runs (its parameters are shared with another module); its budget does not apply "
+                    "there. Give it by path instead: ckpt.set_budget(parent, {'name.of.module': budget})",
+                )
             continue
         placed.add(id(module))
         path, depth = where
@@ -388,7 +420,7 @@ def frame_regions(
         specs[path] = RegionSpec(path, entry.budget, label or entry.label, depth)
     _add_running(specs, placed)
     if patterns:
-        present = _frame_module_paths(gm, sources.values())
+        present = _frame_module_paths(gm, frame.sources.values())
         for pattern, budget in patterns:
             matched = [path for path in present if module_pattern_matches(pattern, _relative(path))]
             if not matched:

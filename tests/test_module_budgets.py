@@ -432,3 +432,30 @@ def test_partition_fn_applies_path_budgets_to_graphs_that_record_module_paths(ch
     assert measured.get("down", 0) == 0 and measured["up"] > 0
     with pytest.warns(ModuleBudgetWarning, match="records no module paths"):
         aot_function(torch.sin, nop, nop, partition_fn=partition)(torch.randn(4, requires_grad=True)).sum().backward()
+
+
+class TiedLM(nn.Module):
+    """An embedding and an output layer that share one weight, as GPT-2's do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(40, 24)
+        self.mix = nn.Linear(24, 24)
+        self.head = nn.Linear(24, 40, bias=False)
+        self.head.weight = self.tokens.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head(self.mix(self.tokens(idx)).tanh()).sin().square().mean()
+
+
+def test_a_shared_weight_never_places_a_module_where_the_other_one_runs():
+    torch.manual_seed(0)
+    model, idx = TiedLM(), torch.randint(0, 40, (4, 6))
+    set_budget(model.head, 0.0)
+    with pytest.warns(ModuleBudgetWarning, match="cannot tell where it runs"):
+        _, records, _ = step(model, kernel_free({}), idx)
+    assert [cap.label for r in records for cap in r.region_caps] == []  # not "tokens"
+    clear_budgets()
+    set_budget(model, {"head": 0.0})  # by path, it is found through the model
+    _, records, _ = step(model, kernel_free({}), idx)
+    assert [cap.label for r in records for cap in r.region_caps] == ["head"]
