@@ -15,7 +15,9 @@ least-time plan that keeps every cap, with the same contract as
   current plan exceeds most, with the others fixed, to the breakpoint where
   the cap is kept (the one-dimensional hull walk of the budget solver), and
   repeat.  Every price vector met tightens the bound; every plan met that
-  keeps all caps is a candidate.
+  keeps all caps is a candidate.  Caps with the same budget (the MLP of every
+  layer) first get one common price, walked on their summed bytes: on a stack
+  of similar layers that leaves little for the per-cap walks.
 * **Repair.**  The plans on both sides of the last breakpoint are mixed part
   by part (:mod:`ckpt.partitioner.repair`), then best-first branch and bound
   (force a value saved / forbid saving it, warm-started prices, pruned by
@@ -124,45 +126,57 @@ class _RegionCutter:
     def walk_price(
         self,
         prices: list[Fraction],
-        c: int,
+        group: Sequence[int],
         fast: _Point,
         force: frozenset[int],
         forbid: frozenset[int],
         work_limit: float,
     ) -> tuple[Fraction, _Point, _Point] | str:
-        """The breakpoint of cap ``c``'s price, the others fixed, where its bytes drop within the cap.
+        """The breakpoint of one common price for the caps ``group``, the others fixed.
 
-        Returns (price, the minimiser just above the cap, the one within it),
-        ``"unreachable"`` if no price for ``c`` alone keeps it, or ``"work"``
-        if the work limit was reached.
+        The price at which the group's summed bytes drop within its summed
+        caps.  Returns (price, the minimiser just above, the one within),
+        ``"unreachable"`` if no price for the group alone gets there, or
+        ``"work"`` if the work limit was reached.
         """
-        cap = self.caps[c].max_bytes
-        high = list(prices)
-        high[c] = self.big
-        lean = self.cut(high, force, forbid)
+        members = set(group)
+        cap = sum(self.caps[c].max_bytes for c in group)
+
+        def used(point: _Point) -> int:
+            return sum(point.usage[c] for c in group)
+
+        def priced(price: Fraction) -> list[Fraction]:
+            return [price if s in members else p for s, p in enumerate(prices)]
+
+        lean = self.cut(priced(self.big), force, forbid)
         assert lean is not None  # same constraints as `fast`
-        if lean.usage[c] > cap:
+        if used(lean) > cap:
             return "unreachable"
 
         def rest(point: _Point) -> Fraction:
             return point.key + sum(
-                (p * used for s, (p, used) in enumerate(zip(prices, point.usage)) if s != c), Fraction(0)
+                (p * u for s, (p, u) in enumerate(zip(prices, point.usage)) if s not in members), Fraction(0)
             )
 
         while True:
             if self.work >= work_limit:
                 return "work"
-            price = (rest(lean) - rest(fast)) / (fast.usage[c] - lean.usage[c])
-            trial = list(prices)
-            trial[c] = price
-            candidate = self.cut(trial, force, forbid)
+            price = (rest(lean) - rest(fast)) / (used(fast) - used(lean))
+            candidate = self.cut(priced(price), force, forbid)
             assert candidate is not None
-            if rest(candidate) + price * candidate.usage[c] >= rest(fast) + price * fast.usage[c]:
+            if rest(candidate) + price * used(candidate) >= rest(fast) + price * used(fast):
                 return price, fast, lean
-            if candidate.usage[c] > cap:
+            if used(candidate) > cap:
                 fast = candidate
             else:
                 lean = candidate
+
+    def groups(self) -> list[list[int]]:
+        """Caps given the same budget (the same kind of module in every layer), two or more of them."""
+        by_budget: dict[str, list[int]] = {}
+        for c, cap in enumerate(self.caps):
+            by_budget.setdefault(cap.budget, []).append(c)
+        return [group for _, group in sorted(by_budget.items()) if len(group) > 1]
 
     def relax(
         self,
@@ -183,13 +197,31 @@ class _RegionCutter:
         bound = self.lagrangian(prices, point)
         best = point if self.keeps(point) else None
         fast = free
+        if not any(prices):
+            # Start from one price per group of caps with the same budget: on a stack of similar
+            # layers their prices are nearly equal, so one walk per group replaces one per cap.
+            for group in self.groups():
+                total = sum(self.caps[c].max_bytes for c in group)
+                if sum(point.usage[c] for c in group) <= total:
+                    continue
+                step = self.walk_price(prices, group, point, force, forbid, work_limit)
+                if step == "work":
+                    return None
+                if isinstance(step, str):  # unreachable together: the caps are walked one by one below
+                    continue
+                price, fast, point = step
+                for c in group:
+                    prices[c] = price
+                bound = max(bound, self.lagrangian(prices, point))
+                if self.keeps(point) and (best is None or point.key < best.key):
+                    best = point
         for _ in range(4 * len(self.caps) + 4):
             violated = [c for c, cap in enumerate(self.caps) if point.usage[c] > cap.max_bytes]
             if not violated:
                 break
             usage = point.usage
             c = max(violated, key=lambda c: (Fraction(usage[c] - self.caps[c].max_bytes, usage[c]), -c))
-            step = self.walk_price(prices, c, point, force, forbid, work_limit)
+            step = self.walk_price(prices, [c], point, force, forbid, work_limit)
             if step == "work":
                 return None
             if step == "unreachable":
