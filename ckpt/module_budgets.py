@@ -462,16 +462,16 @@ def _add_running(specs: dict[str, RegionSpec], placed: set[int]) -> None:
     if not running:
         return
     module, entry = running[0]
-    specs.setdefault("", RegionSpec("", entry.budget, f"{entry.label} (whole graph)", -1000))  # below any placed
-    if specs[""].depth == -1000:
-        name = type(module).__name__
-        _warn_once(
-            f"reused:{name}",
-            f"ckpt: a graph compiled inside a budgeted {name} holds none of its parameters (a part of its forward "
-            f"after a graph break), so nothing in it tells one {name} from another: Dynamo reuses it for every "
-            f"{name} whose forward reaches it, under the budget of the first ({entry.budget}). "
-            f"Give every {name} the same budget, or move the graph break out of it",
-        )
+    # Placed modules have paths of at least one component, so "" is free; the depth ranks it below them.
+    specs[""] = RegionSpec("", entry.budget, f"{entry.label} (whole graph)", -1000)
+    name = type(module).__name__
+    _warn_once(
+        f"reused:{name}",
+        f"ckpt: a graph compiled inside a budgeted {name} holds none of its parameters (a part of its forward "
+        f"after a graph break), so nothing in it tells one {name} from another: Dynamo reuses it for every "
+        f"{name} whose forward reaches it, under the budget of the first ({entry.budget}). "
+        f"Give every {name} the same budget, or move the graph break out of it",
+    )
 
 
 def _warn_once(key: str, message: str) -> None:

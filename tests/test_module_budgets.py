@@ -145,23 +145,26 @@ def chain_and_input():
     return Chain(), torch.randn(8, 16)
 
 
-@pytest.mark.compat
-def test_each_module_keeps_its_own_cap_on_measured_bytes(chain_and_input):
-    model, x = chain_and_input
+def _check_up_and_down_caps(model: nn.Module, x: torch.Tensor, run: Callable[[], Any]) -> dict[str, int]:
+    """``up`` at 0.5 and ``down`` at 0.0, one step through ``run()``: gradients, caps and bytes as promised."""
     eager, _, want = step(model, None, x)
     set_budget(model.up, 0.5)
     set_budget(model.down, 0.0)
-    measured, records, grads = step(model, kernel_free({}), x)
+    measured, records, grads = run()
     for got, expected in zip(grads, want):
         torch.testing.assert_close(got, expected)
-    caps = caps_by_region(records)
-    assert set(caps) == {"up", "down"}
     # A fraction is of what autograd saves for the module's values: eager's saved bytes there.
-    assert caps["up"] == (eager["up"] // 2, eager["up"])
-    assert caps["down"] == (0, eager["down"])
-    assert measured.get("up", 0) <= caps["up"][0]
-    assert measured.get("down", 0) == 0
+    caps = caps_by_region(records)
+    assert caps == {"up": (eager["up"] // 2, eager["up"]), "down": (0, eager["down"])}
+    assert measured.get("up", 0) <= caps["up"][0] and measured.get("down", 0) == 0
     assert predicted_by_region(records) == {"up": measured.get("up", 0), "down": 0}
+    return measured
+
+
+@pytest.mark.compat
+def test_each_module_keeps_its_own_cap_on_measured_bytes(chain_and_input):
+    model, x = chain_and_input
+    measured = _check_up_and_down_caps(model, x, lambda: step(model, kernel_free({}), x))
     # The head has no budget and the default is none: it saves what the plan without a budget saves there.
     clear_budgets()
     unbudgeted, _, _ = step(model, kernel_free({}), x)
@@ -377,16 +380,7 @@ def _inductor_step(model: nn.Module, x: torch.Tensor, options: dict[str, Any], c
 @pytest.mark.compat
 def test_backend_keeps_each_module_s_cap_on_measured_bytes(chain_and_input):
     model, x = chain_and_input
-    eager, _, want = step(model, None, x)
-    set_budget(model.up, 0.5)
-    set_budget(model.down, 0.0)
-    measured, records, grads = _inductor_step(model, x, {})
-    for got, expected in zip(grads, want):
-        torch.testing.assert_close(got, expected)
-    caps = caps_by_region(records)
-    assert caps == {"up": (eager["up"] // 2, eager["up"]), "down": (0, eager["down"])}
-    assert measured.get("up", 0) <= caps["up"][0] and measured.get("down", 0) == 0
-    assert predicted_by_region(records) == {"up": measured.get("up", 0), "down": 0}
+    _check_up_and_down_caps(model, x, lambda: _inductor_step(model, x, {}))
 
 
 @pytest.mark.compile
