@@ -72,6 +72,7 @@ __all__ = [
     "must_be_in_forward",
     "prepare_joint",
     "profiled_cpu_allocations",
+    "real_tensors",
     "recompute_tag",
     "rng_state_bytes",
     "run_and_get_code",
@@ -650,6 +651,13 @@ def fake_tensor_mode() -> Any:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     return FakeTensorMode()
+
+
+def real_tensors() -> Any:
+    """A context in which new tensors are real, even while a compile's fake-tensor mode is active."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
 
 
 def run_and_get_code(fn: Any, *args: Any) -> tuple[Any, list[str]]:

@@ -42,7 +42,7 @@ from typing import Any
 import torch.fx as fx
 
 from ckpt import _torch_compat as compat
-from ckpt.backend import CkptPartitioner, resolve_auto_peak, resolve_profile
+from ckpt.backend import CkptPartitioner, measured_op_costs, resolve_auto_peak, resolve_profile
 from ckpt.config import CkptConfig
 from ckpt.cost_model.profiles import DeviceProfile
 from ckpt.module_budgets import ModuleBudgetWarning, frame_regions
@@ -114,7 +114,8 @@ class CkptPartitionFn:
             else:
                 regions = frame_regions(joint_module, (), self.config.module_budgets)
         config = resolve_auto_peak(self.config, _flat_inputs(joint_inputs))
-        partitioner = _AOTCkptPartitioner(config, self.profile_for(joint_inputs), regions=regions)
+        op_costs = measured_op_costs(config, _flat_inputs(joint_inputs), agree=False)
+        partitioner = _AOTCkptPartitioner(config, self.profile_for(joint_inputs), regions=regions, op_costs=op_costs)
         return partitioner(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
 
 
@@ -126,6 +127,7 @@ def partition_fn(
     strict: bool | str | None = None,
     solver_effort: float | str | None = None,
     explain: bool | str | None = None,
+    measure_ops: bool | str | None = None,
 ) -> CkptPartitionFn:
     """ckpt's planner as a ``partition_fn`` for ``aot_function``, ``aot_module`` and their kin.
 
@@ -155,7 +157,11 @@ def partition_fn(
       cannot be planned, instead of warning and using AOTAutograd's default
       partition;
     * ``solver_effort``: the repair search's work per graph (0 skips it);
-    * ``explain``: ``"log"`` for a summary per graph, or a directory for reports.
+    * ``explain``: ``"log"`` for a summary per graph, or a directory for reports;
+    * ``measure_ops``: time the graph's library calls on its device (the
+      default) instead of pricing them by the roofline.  Under an initialised
+      process group a ``partition_fn`` uses no measured costs: it has no point
+      that every rank reaches to agree on them.
 
     Each joint graph publishes a :class:`ckpt.records.PartitionRecord`, so
     :func:`ckpt.records.record_partitions` and ``ckpt.explain`` see it.  A bad
@@ -170,6 +176,7 @@ def partition_fn(
         "strict": strict,
         "solver_effort": solver_effort,
         "explain": explain,
+        "measure_ops": measure_ops,
     }
     options = {key: value for key, value in given.items() if value is not None}
     return CkptPartitionFn(CkptConfig.from_sources(options))

@@ -45,6 +45,7 @@ import torch.fx as fx
 from ckpt import _torch_compat as compat
 from ckpt._version import __version__
 from ckpt.config import CkptConfig, PeakCap, auto_peak_bytes
+from ckpt.cost_model.measured import OpCosts
 from ckpt.cost_model.profiles import GPU_PROFILES, DeviceProfile, gpu_profile_for_name
 from ckpt.module_budgets import frame_regions
 from ckpt.partitioner.analysis import JointAnalysis, analyze_joint, to_picoseconds
@@ -68,7 +69,9 @@ __all__ = [
     "CkptPartitioner",
     "PeakWarning",
     "ckpt_backend",
+    "graph_device",
     "make_partitioner",
+    "measured_op_costs",
     "resolve_auto_peak",
     "resolve_profile",
 ]
@@ -113,11 +116,14 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         activation_inputs: frozenset[int] = frozenset(),
         num_graph_inputs: int = 0,
         regions: tuple[RegionSpec, ...] = (),
+        op_costs: OpCosts | None = None,
     ) -> None:
         """``activation_inputs``: positions, among the ``num_graph_inputs`` inputs of the graph
         being compiled, of inputs that are activations (see :func:`activation_inputs`).
-        ``regions``: the modules with their own budget (:func:`ckpt.module_budgets.frame_regions`)."""
+        ``regions``: the modules with their own budget (:func:`ckpt.module_budgets.frame_regions`).
+        ``op_costs``: measured times of library calls on the graph's device (None: the roofline)."""
         self.config = config
+        self.op_costs = op_costs
         self.profile = profile
         self.activation_inputs = activation_inputs
         self.num_graph_inputs = num_graph_inputs
@@ -136,6 +142,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         digest.update(repr(self.config.peak).encode())
         digest.update(self.profile.key().encode())
         digest.update(repr(sorted(self.activation_inputs)).encode())
+        digest.update((self.op_costs.key() if self.op_costs is not None else "roofline").encode())
         digest.update(compat.hash_for_files(_package_files()))
         return digest.hexdigest()
 
@@ -188,7 +195,9 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         autograd_saved = autograd_saved_names(gm, num_fwd_outputs)  # before CSE merges the backward's recomputes
         gm, _, has_recompute_rng = compat.prepare_joint(gm)
-        analysis = analyze_joint(gm, num_fwd_outputs, self.profile, self._activation_inputs(gm), autograd_saved)
+        analysis = analyze_joint(
+            gm, num_fwd_outputs, self.profile, self._activation_inputs(gm), autograd_saved, measure=self.op_costs
+        )
         peak_graph = build_peak_graph(gm, analysis, num_fwd_outputs)
         plan, budget_bytes, peak_cap, solve_seconds = self.plan(name, analysis, peak_graph)
         caps = self.region_caps(analysis)
@@ -434,12 +443,7 @@ def activation_inputs(example_inputs: Sequence[object]) -> frozenset[int]:
 def resolve_profile(config: CkptConfig, example_inputs: Sequence[object]) -> DeviceProfile:
     """The device profile: ``CKPT_DEVICE`` if set, else from the graph's tensors."""
     name = config.device
-    device: torch.device | None = None
-    for value in example_inputs:
-        if isinstance(value, torch.Tensor):
-            device = value.device
-            if device.type != "cpu":
-                break
+    device = graph_device(example_inputs)
     if name is None:
         if device is not None and device.type == "cuda":
             gpu_name = torch.cuda.get_device_name(device)
@@ -495,12 +499,38 @@ def ckpt_backend(
     return compat.compile_fx(gm, example_inputs, config_patches=patches)
 
 
+def graph_device(example_inputs: Sequence[object]) -> torch.device | None:
+    """The device a graph runs on: its first tensor's that is not on the CPU, else the CPU (None: no tensors)."""
+    device: torch.device | None = None
+    for value in example_inputs:
+        if isinstance(value, torch.Tensor):
+            device = value.device
+            if device.type != "cpu":
+                break
+    return device
+
+
+def measured_op_costs(config: CkptConfig, example_inputs: Sequence[object], *, agree: bool = True) -> OpCosts | None:
+    """Measured library-call costs for a graph, if the profile is for the device it runs on and measuring is on.
+
+    ``agree``: the caller runs on every rank for every graph (the backend), so
+    the ranks can join their tables here; see :class:`ckpt.cost_model.measured.OpCosts`.
+    """
+    device = graph_device(example_inputs)
+    if not config.measure_ops or device is None or device.type not in ("cpu", "cuda"):
+        return None
+    if config.device is not None and (config.device == "cpu") != (device.type == "cpu"):
+        return None  # planning for another device than the one at hand
+    return OpCosts.for_device(device, agree=agree)
+
+
 def make_partitioner(gm: fx.GraphModule, example_inputs: Sequence[object], config: CkptConfig) -> CkptPartitioner:
-    """The partitioner for one Dynamo graph: its device profile, activation inputs and budgeted modules."""
+    """The partitioner for one Dynamo graph: its device profile, activation inputs, budgeted modules and op costs."""
     return CkptPartitioner(
         config,
         resolve_profile(config, example_inputs),
         activation_inputs(example_inputs),
         len(example_inputs),
         frame_regions(gm, example_inputs, config.module_budgets),
+        measured_op_costs(config, example_inputs),
     )

@@ -48,6 +48,7 @@ ENV_VARS: dict[str, str] = {
     "explain": "CKPT_EXPLAIN",
     "solver_effort": "CKPT_SOLVER_EFFORT",
     "peak_memory": "CKPT_PEAK_MEMORY",
+    "measure_ops": "CKPT_MEASURE_OPS",
 }
 OPTION_KEYS: tuple[str, ...] = tuple(ENV_VARS)
 # Every CKPT_* variable anything in the project reads: the options', the cache
@@ -372,6 +373,7 @@ class CkptConfig:
     solver_effort: float = 1.0  # work for the repair search per graph (deterministic, not seconds)
     peak: PeakCap = field(default_factory=PeakCap)
     module_budgets: tuple[tuple[str, Budget], ...] = ()  # (module path pattern, budget), sorted by path
+    measure_ops: bool = True  # time the graph's library calls on its device (ckpt.cost_model.measured)
 
     @classmethod
     def from_sources(
@@ -405,6 +407,8 @@ class CkptConfig:
         effort = _parse_effort(value, source) if value is not None else cls.solver_effort
         value, source = pick("peak_memory")
         peak = parse_peak(value, source)
+        value, source = pick("measure_ops")
+        measure_ops = parse_bool(value, source) if value is not None else True
         return cls(
             budget=budget,
             device=device,
@@ -413,6 +417,7 @@ class CkptConfig:
             solver_effort=effort,
             peak=peak,
             module_budgets=module_budgets,
+            measure_ops=measure_ops,
         )
 
 

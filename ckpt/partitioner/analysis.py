@@ -21,7 +21,8 @@ storage alive anyway, so this also makes the byte count exact.
   into the backward kernel that consumes it and the chain's inputs are read
   there (charged to those inputs); if a consumer is a library call (matmul,
   convolution), the value must be materialised: a write, a read and a launch;
-* recomputing a library call: its full roofline time;
+* recomputing a library call: its time measured on the device where it was
+  (:mod:`ckpt.cost_model.measured`), else its full roofline time;
 * values the forward does not compute anyway (used only by the backward)
   cost nothing extra to compute in the backward.
 """
@@ -29,14 +30,15 @@ storage alive anyway, so this also makes the byte count exact.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx as fx
 
 from ckpt import _torch_compat as compat
+from ckpt.cost_model.measured import MeasuredCall, library_calls
 from ckpt.cost_model.node_cost import (
     NodeEstimate,
     Size,
@@ -93,6 +95,7 @@ class JointAnalysis:
     save_bytes_exprs: tuple[Size, ...]  # save_bytes as expressions in the size symbols
     size_hints: dict[Any, int]  # size symbol -> hint
     copied_inputs: frozenset[str] = frozenset()  # graph inputs Inductor copies to channels-last (by name)
+    measured_seconds: dict[str, float] = field(default_factory=dict)  # library calls timed on the device, by name
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,12 @@ class _Context:
     fwd_output_roots: set[fx.Node]
     charged_inputs: set[fx.Node]  # graph inputs whose saving keeps memory alive
     copied_inputs: set[fx.Node]  # graph inputs Inductor copies to channels-last for its convolutions
+    measured: dict[str, float] = field(default_factory=dict)  # measured seconds of library calls, by node name
+
+    def library_seconds(self, node: fx.Node, estimate: NodeEstimate) -> float:
+        """A library call's time: measured on the device if it was, else its roofline."""
+        measured = self.measured.get(node.name)
+        return measured if measured is not None else _library_call_seconds(self.profile, estimate)
 
 
 def analyze_joint(
@@ -129,6 +138,7 @@ def analyze_joint(
     profile: DeviceProfile,
     activation_inputs: frozenset[int] = frozenset(),
     autograd_saved: Sequence[str] | None = None,
+    measure: Callable[[Mapping[str, MeasuredCall]], Mapping[str, float]] | None = None,
 ) -> JointAnalysis:
     """Build the save-or-recompute problem for ``joint`` on ``profile``.
 
@@ -142,8 +152,22 @@ def analyze_joint(
     a graph break): saving one of those keeps it alive, so it is charged like
     any saved value.  Other inputs (parameters, buffers, the user's tensors)
     live anyway and are free to save.
+
+    ``measure`` times library calls (:func:`ckpt.cost_model.measured.measured_costs`):
+    it gets the graph's calls that can be timed, by node name, and returns
+    seconds by node name; those replace the roofline time of the call.
     """
     context = _context(joint, num_fwd_outputs, profile, activation_inputs)
+    if measure is not None:
+        calls = library_calls(
+            joint.graph,
+            context.kinds,
+            context.estimates,
+            lambda e: _library_call_seconds(profile, e),
+            context.sizes,
+            channels_last=compat.inductor_layout_optimization(joint),
+        )
+        context.measured = dict(measure(calls))
     kinds, graph = context.kinds, context.graph
     needed, ordered = _problem_values(graph, kinds)
     index = {node: i for i, node in enumerate(ordered)}
@@ -185,6 +209,7 @@ def analyze_joint(
         save_bytes_exprs=tuple(r.save_bytes_expr for r in rows),
         size_hints=context.sizes.hints,
         copied_inputs=frozenset(n.name for n in context.copied_inputs),
+        measured_seconds=dict(context.measured),
     )
 
 
@@ -293,7 +318,7 @@ def _recompute_seconds(node: fx.Node, context: _Context) -> float:
     if not in_forward or estimate is None or kind is OpKind.GETITEM:
         return 0.0
     if not (kind in _FUSIBLE_KINDS and node.op == "call_function"):
-        return _library_call_seconds(profile, estimate)
+        return context.library_seconds(node, estimate)
     seconds = elementwise_seconds(profile, estimate.elements, estimate.transcendental)
     if any(context.kinds[u] not in _FUSIBLE_KINDS for u in context.users.get(node, [])):
         seconds += 2 * transfer_seconds(profile, estimate.bytes_written) + profile.kernel_overhead
@@ -378,7 +403,7 @@ def _fixed_seconds(context: _Context) -> float:
         if kind in (OpKind.VIEW, OpKind.GETITEM, OpKind.OTHER):
             continue
         if kind not in _FUSIBLE_KINDS:
-            total += _library_call_seconds(profile, estimate)
+            total += context.library_seconds(node, estimate)
             continue
         total += elementwise_seconds(profile, estimate.elements, estimate.transcendental)
         node_users = context.users.get(node, [])

@@ -174,3 +174,49 @@ def ddp_worker(rank: int, world_size: int, scenarios: list[tuple[str, str]]) -> 
         outcomes[name] = _ddp_scenario(name, rank, world_size, budget)
         dist.barrier()
     return outcomes
+
+
+def op_costs_worker(rank: int, world_size: int, budget_fraction: float) -> dict[str, Any]:
+    """Ranks whose raw timings disagree (matmuls cheap on rank 0, dear on rank 1) plan one traced joint graph.
+
+    Each rank gets a cache of its own, as ranks on different hosts have, and
+    fills it with its timings through one planning pass (under a process
+    group that pass plans from the agreed table, then empty).  The second pass
+    plans from the table the ranks agree on.  Returns the raw and agreed
+    tables, the cost key, the agreed plan's fingerprint, and the fingerprint
+    of a plan from this rank's own timings alone.
+    """
+    import os
+    from pathlib import Path
+
+    from benchmarks.language_models import GPT, GPTConfig
+    from ckpt.cost_model import measured
+    from ckpt.partitioner import solve
+    from ckpt.partitioner.analysis import analyze_joint
+    from tests.joint import TEST_PROFILE, trace_joint
+
+    os.environ["CKPT_CACHE_DIR"] = str(Path(os.environ["CKPT_CACHE_DIR"]) / f"rank{rank}")
+    factor = 0.02 if rank == 0 else 50.0
+    measured._time_call = lambda call: call.roofline_seconds * factor  # type: ignore[assignment]
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(layers=2, dim=32, heads=2, seq=16, batch=2, vocab=64, dropout=0.0))
+    joint = trace_joint(model, *model.make_inputs(torch.Generator().manual_seed(0), "cpu", torch.float32))
+    device = torch.device("cpu")
+
+    def plan(costs: measured.OpCosts) -> str:
+        analysis = analyze_joint(joint.graph, joint.num_fwd_outputs, TEST_PROFILE, measure=costs)
+        cap = int(budget_fraction * analysis.no_recompute_bytes)
+        return solve(analysis.problem, cap).fingerprint(analysis.problem)
+
+    progress("first pass")
+    plan(measured.OpCosts.for_device(device))
+    raw = measured.cached_costs(device)
+    progress("second pass")
+    agreed = measured.OpCosts.for_device(device)
+    return {
+        "raw": raw,
+        "agreed": agreed.known,
+        "key": agreed.key(),
+        "fingerprint": plan(agreed),
+        "own_fingerprint": plan(measured.OpCosts(device, raw, use_fresh=False)),
+    }

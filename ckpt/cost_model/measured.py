@@ -1,0 +1,525 @@
+"""Measured costs of the library calls that dominate a graph, timed once on its device and cached.
+
+The roofline prices a matmul, a convolution or an attention kernel from its
+FLOPs and bytes at the profile's peak rates.  Real kernels reach a share of
+the peak that depends on the shapes, strides and dtype (small or skinny
+matmuls, attention's softmax, a convolution's layout), so this module times
+each distinct call instead:
+
+* **What is timed.**  Every ``aten`` library call of the graph (the
+  :attr:`~ckpt.cost_model.ops.OpKind.EXTERN` kind: Inductor calls the same
+  kernel), on tensors of the node's shapes, strides, storage offset and
+  dtype, with its other arguments as the graph has them.  Calls that write
+  to an argument, draw random numbers, have sizes without a hint, or run
+  collectives are never timed.  Fused element-wise work is not timed per op:
+  Inductor generates its own kernels for it, priced by the profile's
+  calibrated per-element costs.
+* **Its key** is the op and that description of its arguments
+  (:func:`call_signature`), so the 28 layers of a transformer share one
+  measurement per distinct call.
+* **How.**  A warm-up, then the fastest of a few runs (other work on the
+  machine can only add time), with the device synchronised around each run.
+  The inputs are drawn from a private generator: the global random state the
+  model's dropout reads is left as it was.
+* **Bounded.**  Calls are timed in order of their roofline time, largest
+  first, until :data:`SECONDS_PER_GRAPH` of measuring; the rest keep the
+  roofline.  A call whose tensors would need more than
+  :data:`MAX_CALL_BYTES` is not timed.
+* **Cached** as JSON in the cache directory, one file per device (CPU model
+  and thread count, or GPU name) and torch version, under a file lock:
+  processes that start together (the ranks of one job) share one
+  measurement.  A corrupt file is replaced.  Later compiles hit the cache.
+* **If measuring fails** (an error from the kernel, out of memory), the call
+  keeps its roofline time and one warning says so.
+* **The same numbers on every rank.**  Timings differ from rank to rank, and
+  ranks whose plans differ issue different collectives and hang.  Under an
+  initialised process group, the ranks join their cached tables when the
+  backend receives each graph, a point every rank reaches whatever Inductor's
+  caches hold (:func:`agree_across_ranks`: each call's time from the lowest
+  rank that has one), and plan from that table only.  Calls it lacks keep
+  their roofline time in that graph; they are measured and cached for the
+  graphs and the runs after it.  That is one collective per graph Dynamo
+  hands the backend, so every rank must compile the same graphs in the same
+  order, as FSDP and DDP need anyway; ``CKPT_MEASURE_OPS=0`` turns measuring
+  off where they do not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import platform
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from ckpt import _torch_compat as compat
+from ckpt.config import cache_dir
+from ckpt.cost_model.node_cost import NodeEstimate, SizeEvaluator
+from ckpt.cost_model.ops import OpKind
+
+__all__ = [
+    "MAX_CALL_BYTES",
+    "SECONDS_PER_GRAPH",
+    "MeasuredCall",
+    "MeasurementWarning",
+    "OpCosts",
+    "agree_across_ranks",
+    "cached_costs",
+    "cached_or_measured",
+    "call_signature",
+    "device_key",
+    "library_calls",
+    "measure_calls",
+]
+
+log = logging.getLogger(__name__)
+
+_FORMAT_VERSION = 1
+SECONDS_PER_GRAPH = 1.5  # measuring time per compiled graph, at most (about; one call may overrun it)
+MAX_CALL_BYTES = 2 * 2**30  # tensors of one timed call, inputs and outputs
+_REPEATS = 5
+_MAX_REPEAT_SECONDS = 0.25  # fewer repeats for a call slower than this
+
+
+class MeasurementWarning(UserWarning):
+    """A library call could not be timed: its roofline time stands in."""
+
+
+@dataclass(frozen=True)
+class _TensorSpec:
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def storage_elements(self) -> int:
+        if any(s == 0 for s in self.shape):
+            return self.offset
+        return self.offset + 1 + sum((size - 1) * stride for size, stride in zip(self.shape, self.stride))
+
+    def text(self) -> str:
+        return f"T({self.dtype},{list(self.shape)},{list(self.stride)},{self.offset})"
+
+
+@dataclass(frozen=True)
+class MeasuredCall:
+    """One distinct library call to time: the op, its arguments with tensors as specs, and its key."""
+
+    signature: str
+    target: torch._ops.OpOverload
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    device: torch.device
+    output_bytes: int
+    roofline_seconds: float = 0.0
+
+    @property
+    def tensor_bytes(self) -> int:
+        """Bytes of the call's input storages and outputs."""
+        specs = [a for a in pytree.tree_leaves((self.args, self.kwargs)) if isinstance(a, _TensorSpec)]
+        return self.output_bytes + sum(s.storage_elements * s.dtype.itemsize for s in specs)
+
+
+class _Unmeasurable(Exception):
+    """A node whose call cannot be reproduced outside the graph."""
+
+
+def _concrete(value: Any, sizes: SizeEvaluator) -> Any:
+    if isinstance(value, torch.SymInt):
+        expr = value.node.expr
+        if not expr.is_Integer and any(s not in sizes.hints for s in expr.free_symbols):
+            raise _Unmeasurable(f"a size without a hint ({expr})")
+        return sizes(expr if not expr.is_Integer else int(expr))
+    if isinstance(value, (torch.SymFloat, torch.SymBool)):
+        raise _Unmeasurable("a symbolic scalar argument")
+    return value
+
+
+def _spec(value: Any, sizes: SizeEvaluator) -> _TensorSpec:
+    if not isinstance(value, torch.Tensor):
+        raise _Unmeasurable(f"an argument without a tensor value ({type(value).__name__})")
+    return _TensorSpec(
+        shape=tuple(_concrete(s, sizes) for s in value.shape),
+        stride=tuple(_concrete(s, sizes) for s in value.stride()),
+        offset=_concrete(value.storage_offset(), sizes),
+        dtype=value.dtype,
+        device=value.device,
+    )
+
+
+def _argument(value: Any, sizes: SizeEvaluator) -> Any:
+    if isinstance(value, fx.Node):
+        return _spec(value.meta.get("val"), sizes)
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return _concrete(value, sizes)
+    if isinstance(value, torch.Tensor):
+        raise _Unmeasurable("a constant tensor argument")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_argument(v, sizes) for v in value)
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout)):
+        return value
+    if isinstance(value, torch.memory_format):
+        return value
+    raise _Unmeasurable(f"an argument of type {type(value).__name__}")
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, _TensorSpec):
+        return value.text()
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_text(v) for v in value) + "]"
+    return repr(value)
+
+
+_CONVOLUTIONS = ("convolution", "convolution_backward")
+
+
+def _channels_last(value: Any) -> Any:
+    """A 4-d tensor spec at channels-last strides, as Inductor's layout optimisation hands it to a convolution."""
+    if isinstance(value, _TensorSpec) and len(value.shape) == 4:
+        n, c, h, w = value.shape
+        return dataclasses.replace(value, stride=(h * w * c, 1, w * c, c), offset=0)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_channels_last(v) for v in value)
+    return value
+
+
+def call_signature(node: fx.Node, sizes: SizeEvaluator, channels_last: bool = False) -> MeasuredCall | None:
+    """The call ``node`` makes, as data that can be timed and a key for the cache; None if it cannot be timed.
+
+    ``channels_last``: Inductor runs this graph's convolutions on channels-last
+    tensors (its layout optimisation), so they are timed that way.
+    """
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return None
+    if target.namespace != "aten" or target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags:
+        return None
+    try:
+        args = tuple(_argument(a, sizes) for a in node.args)
+        kwargs = {k: _argument(v, sizes) for k, v in node.kwargs.items()}
+    except _Unmeasurable as reason:
+        log.debug("ckpt: not timing %s: %s", node.name, reason)
+        return None
+    if channels_last and target.overloadpacket.__name__ in _CONVOLUTIONS:
+        args, kwargs = _channels_last(args), {k: _channels_last(v) for k, v in kwargs.items()}
+    specs = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, _TensorSpec)]
+    if not specs:
+        return None
+    device = specs[0].device
+    if any(s.device != device for s in specs) or device.type == "meta":
+        return None
+    text = f"{target}(" + ",".join(_text(a) for a in args)
+    text += "".join(f",{k}={_text(v)}" for k, v in sorted(kwargs.items())) + ")"
+    outputs = [v for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
+    try:
+        output_bytes = sum(_spec(v, sizes).storage_elements * v.dtype.itemsize for v in outputs)
+    except _Unmeasurable as reason:
+        log.debug("ckpt: not timing %s: its output has %s", node.name, reason)
+        return None
+    return MeasuredCall(text, target, args, kwargs, device, output_bytes)
+
+
+def library_calls(
+    graph: fx.Graph,
+    kinds: Mapping[fx.Node, OpKind],
+    estimates: Mapping[fx.Node, NodeEstimate],
+    roofline: Callable[[NodeEstimate], float],
+    sizes: SizeEvaluator,
+    channels_last: bool = False,
+) -> dict[str, MeasuredCall]:
+    """The graph's library calls that can be timed, by node name, each with its roofline time.
+
+    ``channels_last``: as for :func:`call_signature`.
+    """
+    calls: dict[str, MeasuredCall] = {}
+    for node in graph.nodes:
+        if kinds.get(node) is not OpKind.EXTERN or node not in estimates:
+            continue
+        call = call_signature(node, sizes, channels_last)
+        if call is not None:
+            calls[node.name] = dataclasses.replace(call, roofline_seconds=roofline(estimates[node]))
+    return calls
+
+
+# --- timing ------------------------------------------------------------------------------------------------
+
+
+def _materialise(value: Any, generator_for: Callable[[torch.device], torch.Generator]) -> Any:
+    if isinstance(value, _TensorSpec):
+        base = torch.empty(max(value.storage_elements, 1), dtype=value.dtype, device=value.device)
+        if value.dtype.is_floating_point or value.dtype.is_complex:
+            base.uniform_(-1.0, 1.0, generator=generator_for(value.device))
+        else:
+            base.zero_()  # indices and masks: zero is valid everywhere
+        return base.as_strided(value.shape, value.stride, value.offset)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_materialise(v, generator_for) for v in value)
+    return value
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_call(call: MeasuredCall) -> float:
+    """The fastest of a few runs of ``call`` on fresh tensors of its specs, in seconds."""
+    generators: dict[torch.device, torch.Generator] = {}
+
+    def generator_for(device: torch.device) -> torch.Generator:
+        if device not in generators:
+            generators[device] = torch.Generator(device=device).manual_seed(0)
+        return generators[device]
+
+    with compat.real_tensors(), torch.no_grad():
+        args = _materialise(call.args, generator_for)
+        kwargs = _materialise(call.kwargs, generator_for)
+
+        def run() -> float:
+            _synchronize(call.device)
+            start = time.perf_counter()
+            call.target(*args, **kwargs)
+            _synchronize(call.device)
+            return time.perf_counter() - start
+
+        first = run()  # warm-up: first-call setup, caches, lazy initialisation
+        repeats = _REPEATS if first < _MAX_REPEAT_SECONDS else 1
+        return min(run() for _ in range(repeats))
+
+
+def measure_calls(
+    calls: Sequence[MeasuredCall],
+    *,
+    seconds: float = SECONDS_PER_GRAPH,
+) -> dict[str, float]:
+    """Time each call (largest roofline time first) until ``seconds`` are spent; by signature.
+
+    A call that fails is left out, with one :class:`MeasurementWarning`
+    naming the op and the error.
+    """
+    measured: dict[str, float] = {}
+    failures: list[str] = []
+    started = time.perf_counter()
+    for call in sorted(calls, key=lambda c: (-c.roofline_seconds, c.signature)):
+        if time.perf_counter() - started >= seconds:
+            log.info("ckpt: measuring time is up after %d library calls; the rest keep the roofline", len(measured))
+            break
+        if call.tensor_bytes > MAX_CALL_BYTES:
+            log.debug("ckpt: not timing %s: its tensors exceed %d bytes", call.signature, MAX_CALL_BYTES)
+            continue
+        try:
+            measured[call.signature] = _time_call(call)
+        except (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError) as error:
+            failures.append(f"{call.target}: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
+    if failures:
+        warnings.warn(
+            f"ckpt: could not time {len(failures)} library call(s) on the device; their roofline time stands in "
+            f"(first: {failures[0]}). Set CKPT_MEASURE_OPS=0 to skip measuring",
+            MeasurementWarning,
+            stacklevel=2,
+        )
+    return measured
+
+
+# --- the cache ---------------------------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_key(device: torch.device) -> str:
+    """The cache key of a device: its model, the threads or the GPU, and the torch version."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        text = f"cuda|{name}|{torch.version.cuda or torch.version.hip}"
+    else:
+        text = f"{device.type}|{_cpu_model()}|threads={torch.get_num_threads()}"
+    text += f"|torch={torch.__version__}|v{_FORMAT_VERSION}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+", encoding="utf-8") as handle:
+        try:
+            import fcntl
+        except ImportError:  # not on POSIX: no cross-process lock
+            yield
+            return
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _load(path: Path) -> dict[str, float]:
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("format") != _FORMAT_VERSION:
+            raise ValueError(f"format {data.get('format')!r}")
+        costs = {str(k): float(v) for k, v in data["costs"].items()}
+        if not all(v > 0 for v in costs.values()):
+            raise ValueError("a time that is not positive")
+        return costs
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        log.warning("ckpt: ignoring the unreadable measured-cost cache %s (%s); it will be rewritten", path, error)
+        return {}
+
+
+def _store(path: Path, costs: Mapping[str, float]) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(json.dumps({"format": _FORMAT_VERSION, "costs": dict(sorted(costs.items()))}, indent=1))
+    os.replace(tmp, path)
+
+
+def _cache_path(directory: Path, device: torch.device) -> Path:
+    return directory / f"op-costs-{device_key(device)}.json"
+
+
+def cached_costs(device: torch.device, directory: Path | None = None) -> dict[str, float]:
+    """What the cache holds for ``device``: seconds by call signature (empty if nothing, or unreadable)."""
+    directory = cache_dir() if directory is None else directory
+    try:
+        with _locked(directory / "op-costs.lock"):
+            return _load(_cache_path(directory, device))
+    except OSError as error:
+        log.warning("ckpt: cannot read the measured-cost cache at %s (%s)", directory, error)
+        return {}
+
+
+def cached_or_measured(
+    calls: Sequence[MeasuredCall], *, seconds: float = SECONDS_PER_GRAPH, directory: Path | None = None
+) -> dict[str, float]:
+    """The times of ``calls`` by signature: from the cache, measuring what it lacks (then storing it).
+
+    The cache's lock is held while measuring, so processes that start
+    together measure each call once and read the same numbers.
+    """
+    if not calls:
+        return {}
+    directory = cache_dir() if directory is None else directory
+    path = _cache_path(directory, calls[0].device)
+    unique = list({c.signature: c for c in calls}.values())
+    try:
+        with _locked(directory / "op-costs.lock"):
+            known = _load(path)
+            missing = [c for c in unique if c.signature not in known]
+            if missing:
+                fresh = measure_calls(missing, seconds=seconds)
+                if fresh:
+                    known.update(fresh)
+                    _store(path, known)
+                log.info("ckpt: timed %d of %d new library calls on %s", len(fresh), len(missing), calls[0].device)
+    except OSError as error:  # read-only home, full disk: measure without caching
+        log.warning("ckpt: cannot use the measured-cost cache at %s (%s); measuring without it", directory, error)
+        known = measure_calls(unique, seconds=seconds)
+    wanted = {c.signature for c in unique}
+    return {k: v for k, v in known.items() if k in wanted}
+
+
+# --- agreement across ranks --------------------------------------------------------------------------------
+
+
+def _process_group_size() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    return 1
+
+
+def agree_across_ranks(costs: Mapping[str, float]) -> dict[str, float]:
+    """One table of costs for every rank: each call's time from the lowest rank that has one.
+
+    Without an initialised process group (or with one rank) this returns
+    ``costs``.  Otherwise it is one ``all_gather_object`` over the default
+    group, which every rank must reach.
+    """
+    if _process_group_size() <= 1:
+        return dict(costs)
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, dict(costs))
+    agreed: dict[str, float] = {}
+    for table in gathered:  # in rank order
+        for signature, seconds in table.items():
+            agreed.setdefault(str(signature), float(seconds))
+    return agreed
+
+
+@dataclass
+class OpCosts:
+    """The measured costs one compiled graph may use, on one device.
+
+    Alone in its process, a graph uses the cached times and measures the
+    calls the cache lacks (:func:`cached_or_measured`).  Under a process
+    group, ``known`` is the table the ranks agreed on when the graph was
+    handed to the backend (:func:`agree_across_ranks`); the graph uses only
+    those, and what it measures goes to the cache for the graphs after it.
+    """
+
+    device: torch.device
+    known: dict[str, float]
+    use_fresh: bool
+    seconds: float = SECONDS_PER_GRAPH
+
+    @classmethod
+    def for_device(cls, device: torch.device, *, agree: bool = True) -> OpCosts:
+        """The costs for a graph about to be compiled on ``device``; ``agree`` joins the ranks' tables.
+
+        ``agree=False`` under a process group uses no measured costs at all
+        (for callers that cannot reach a point every rank reaches).
+        """
+        distributed = _process_group_size() > 1
+        if not distributed:
+            return cls(device, cached_costs(device), use_fresh=True)
+        if not agree:
+            return cls(device, {}, use_fresh=False, seconds=0.0)
+        return cls(device, agree_across_ranks(cached_costs(device)), use_fresh=False)
+
+    def key(self) -> str:
+        """What plans depend on, for cache keys: the agreed table under a process group, else nothing.
+
+        Alone in its process, a cached plan made from other timings is still
+        this process's plan; across ranks it must be everyone's.
+        """
+        if self.use_fresh:
+            return "measured"
+        text = json.dumps(sorted(self.known.items()))
+        return "agreed:" + hashlib.sha256(text.encode()).hexdigest()[:16] + f":{self.seconds}"
+
+    def __call__(self, calls: Mapping[str, MeasuredCall]) -> dict[str, float]:
+        """Seconds by node name for the calls that have a usable time (see the class)."""
+        missing = [c for c in calls.values() if c.signature not in self.known and c.device == self.device]
+        fresh = cached_or_measured(missing, seconds=self.seconds) if missing and self.seconds > 0 else {}
+        usable = {**self.known, **fresh} if self.use_fresh else self.known
+        return {name: usable[c.signature] for name, c in calls.items() if c.signature in usable}

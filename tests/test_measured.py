@@ -1,0 +1,232 @@
+"""Measured library-call costs: what is timed, the cache, the fallback, and their use in planning."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+from ckpt.config import CkptConfig
+from ckpt.cost_model import measured
+from ckpt.cost_model.measured import MeasurementWarning, OpCosts, cached_costs, cached_or_measured
+from ckpt.partitioner.analysis import analyze_joint, to_picoseconds
+from tests.joint import TEST_PROFILE, trace_joint
+
+CPU = torch.device("cpu")
+
+
+def _mlp_joint():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+    return trace_joint(model, torch.randn(8, 16))
+
+
+@pytest.fixture(scope="module")
+def joint():
+    return _mlp_joint()
+
+
+def _calls(joint):
+    """The joint graph's timeable calls, by node name (the analysis hands the same ones to ``measure``)."""
+    seen = {}
+
+    def capture(calls):
+        seen.update(calls)
+        return {}
+
+    analyze_joint(joint.graph, joint.num_fwd_outputs, TEST_PROFILE, measure=capture)
+    return seen
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CKPT_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
+def timings(monkeypatch):
+    """Count the calls timed, and give each a fixed time (the roofline's, times two)."""
+    timed = []
+
+    def fake(call):
+        timed.append(call.signature)
+        return 2 * call.roofline_seconds
+
+    monkeypatch.setattr(measured, "_time_call", fake)
+    return timed
+
+
+def test_every_matmul_is_timed_once_per_distinct_call(joint):
+    calls = _calls(joint)
+    targets = {str(c.target) for c in calls.values()}
+    assert {"aten.addmm.default", "aten.mm.default"} <= targets, targets
+    matmuls = [n for n in joint.graph.graph.nodes if "mm" in str(n.target)]
+    assert set(calls) == {n.name for n in matmuls}
+    assert len({c.signature for c in calls.values()}) <= len(calls)
+
+
+def test_the_signature_tells_strides_and_dtypes_apart():
+    graph = torch.fx.Graph()
+    a, b = graph.placeholder("a"), graph.placeholder("b")
+    node = graph.call_function(torch.ops.aten.mm.default, (a, b))
+    sizes = measured.SizeEvaluator()
+
+    def signature(x, y):
+        a.meta["val"], b.meta["val"] = x, y
+        node.meta["val"] = x @ y
+        return measured.call_signature(node, sizes).signature
+
+    x, y = torch.randn(8, 4), torch.randn(4, 6)
+    assert signature(x, y) == signature(x.clone(), y.clone())
+    assert signature(x, y) != signature(x, y.t().contiguous().t())
+    assert signature(x, y) != signature(x.double(), y.double())
+
+
+def test_convolutions_are_timed_at_channels_last_when_inductor_makes_them_so():
+    graph = torch.fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    arguments = (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    node = graph.call_function(torch.ops.aten.convolution.default, arguments)
+    x.meta["val"], w.meta["val"] = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+    node.meta["val"] = torch.randn(2, 4, 8, 8)
+    sizes = measured.SizeEvaluator()
+    plain = measured.call_signature(node, sizes)
+    channels_last = measured.call_signature(node, sizes, channels_last=True)
+    assert plain.args[0].stride == (192, 64, 8, 1)
+    assert channels_last.args[0].stride == (192, 1, 24, 3)
+    assert plain.signature != channels_last.signature
+    assert measured._time_call(channels_last) > 0
+
+
+def test_a_real_timing_is_positive_and_leaves_the_global_random_state_alone(joint):
+    call = next(iter(_calls(joint).values()))
+    state = torch.get_rng_state()
+    seconds = measured._time_call(call)
+    assert 0 < seconds < 1
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_a_hit_measures_nothing_and_a_miss_measures_only_what_is_new(joint, cache, timings):
+    calls = list(_calls(joint).values())
+    first = cached_or_measured(calls[:2])
+    assert len(timings) == len({c.signature for c in calls[:2]})
+    again = cached_or_measured(calls[:2])
+    assert again == first and len(timings) == len(first)
+    everything = cached_or_measured(calls)
+    assert len(timings) == len({c.signature for c in calls})
+    assert {k: everything[k] for k in first} == first
+    assert cached_costs(CPU) == everything
+
+
+def test_a_corrupt_cache_is_replaced_with_a_warning(joint, cache, timings, caplog):
+    calls = list(_calls(joint).values())
+    path = cache / f"op-costs-{measured.device_key(CPU)}.json"
+    path.write_text("{not json", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="ckpt.cost_model.measured"):
+        costs = cached_or_measured(calls)
+    assert "unreadable measured-cost cache" in caplog.text and str(path) in caplog.text
+    assert len(costs) == len({c.signature for c in calls})
+    assert json.loads(path.read_text(encoding="utf-8"))["costs"] == costs
+
+
+def _measure_in_a_process(cache_dir: str, which: str, queue) -> None:  # pragma: no cover - runs in a child
+    import os
+
+    os.environ["CKPT_CACHE_DIR"] = cache_dir
+    calls = list(_calls(_mlp_joint()).values())
+    calls = sorted(calls, key=lambda c: c.signature)
+    part = calls[:2] if which == "first" else calls[1:]
+    queue.put(cached_or_measured(part))
+
+
+def test_concurrent_writers_keep_each_others_entries_and_share_a_common_call(joint, cache):
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    workers = [context.Process(target=_measure_in_a_process, args=(str(cache), w, queue)) for w in ("first", "rest")]
+    for worker in workers:
+        worker.start()
+    results = [queue.get(timeout=120) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=60)
+        assert worker.exitcode == 0
+    stored = cached_costs(CPU)
+    assert set(stored) == set(results[0]) | set(results[1])
+    shared = set(results[0]) & set(results[1])
+    assert shared, "the two processes must ask for one call in common"
+    for signature in shared:  # measured once, under the lock: bit-identical in both
+        assert results[0][signature] == results[1][signature] == stored[signature]
+
+
+def test_a_call_that_cannot_be_timed_keeps_its_roofline_with_one_warning(joint, cache, monkeypatch):
+    calls = _calls(joint)
+
+    def broken(call):
+        raise RuntimeError("no kernel for this call")
+
+    monkeypatch.setattr(measured, "_time_call", broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        analysis = analyze_joint(joint.graph, joint.num_fwd_outputs, TEST_PROFILE, measure=OpCosts.for_device(CPU))
+    messages = [str(w.message) for w in caught if issubclass(w.category, MeasurementWarning)]
+    assert len(messages) == 1 and "no kernel for this call" in messages[0], messages
+    assert analysis.measured_seconds == {}
+    assert analysis.problem == joint.analysis.problem
+    assert cached_costs(CPU) == {}
+    assert calls
+
+
+def test_measured_times_replace_the_roofline_in_the_problem(joint, cache, timings):
+    analysis = analyze_joint(joint.graph, joint.num_fwd_outputs, TEST_PROFILE, measure=OpCosts.for_device(CPU))
+    roofline = joint.analysis
+    assert set(analysis.measured_seconds) == set(_calls(joint))
+    changed = 0
+    for i, name in enumerate(analysis.problem.names):
+        if name in analysis.measured_seconds and roofline.problem.recompute_time[i]:
+            assert analysis.problem.recompute_time[i] == to_picoseconds(analysis.measured_seconds[name])
+            changed += 1
+    assert changed, "some matmul must be a value the plan could recompute"
+    library = sum(analysis.measured_seconds.values())
+    assert analysis.fixed_seconds > roofline.fixed_seconds
+    assert analysis.fixed_seconds - roofline.fixed_seconds == pytest.approx(library / 2, rel=1e-6)
+
+
+def test_the_time_limit_leaves_the_rest_at_the_roofline(joint, cache, monkeypatch):
+    calls = list({c.signature: c for c in _calls(joint).values()}.values())
+    assert len(calls) > 1
+
+    now = [0.0]
+
+    def one_second(call):
+        now[0] += 1.0
+        return 1.0
+
+    monkeypatch.setattr(measured, "_time_call", one_second)
+    monkeypatch.setattr(measured.time, "perf_counter", lambda: now[0])
+    costs = measured.measure_calls(calls, seconds=1.0)
+    largest = min(calls, key=lambda c: (-c.roofline_seconds, c.signature))
+    assert list(costs) == [largest.signature]
+
+
+def test_measuring_is_on_by_default_and_can_be_turned_off():
+    assert CkptConfig.from_sources(environ={}).measure_ops
+    assert not CkptConfig.from_sources(environ={"CKPT_MEASURE_OPS": "0"}).measure_ops
+    assert not CkptConfig.from_sources({"measure_ops": False}, environ={}).measure_ops
+    with pytest.raises(ValueError, match="CKPT_MEASURE_OPS='sometimes' is not a boolean"):
+        CkptConfig.from_sources(environ={"CKPT_MEASURE_OPS": "sometimes"})
+
+
+def test_only_the_device_at_hand_is_measured():
+    from ckpt.backend import measured_op_costs
+
+    x = torch.randn(2)
+    assert measured_op_costs(CkptConfig(), [x]) is not None
+    assert measured_op_costs(CkptConfig(device="cpu"), [x]) is not None
+    assert measured_op_costs(CkptConfig(device="h100"), [x]) is None  # planning for another device
+    assert measured_op_costs(CkptConfig(measure_ops=False), [x]) is None
+    assert measured_op_costs(CkptConfig(), []) is None
