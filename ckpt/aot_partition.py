@@ -113,9 +113,10 @@ class CkptPartitionFn:
                 )
             else:
                 regions = frame_regions(joint_module, (), self.config.module_budgets)
-        config = resolve_auto_peak(self.config, _flat_inputs(joint_inputs))
-        op_costs = measured_op_costs(config, _flat_inputs(joint_inputs), agree=False)
-        partitioner = _AOTCkptPartitioner(config, self.profile_for(joint_inputs), regions=regions, op_costs=op_costs)
+        flat = _flat_inputs(joint_inputs)
+        config = resolve_auto_peak(self.config, flat)
+        op_costs, profile = measured_op_costs(config, flat, self.profile_for(joint_inputs), agree=False)
+        partitioner = _AOTCkptPartitioner(config, profile, regions=regions, op_costs=op_costs)
         return partitioner(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
 
 

@@ -45,7 +45,7 @@ import torch.fx as fx
 from ckpt import _torch_compat as compat
 from ckpt._version import __version__
 from ckpt.config import CkptConfig, PeakCap, auto_peak_bytes
-from ckpt.cost_model.measured import OpCosts
+from ckpt.cost_model.measured import OpCosts, plan_costs
 from ckpt.cost_model.profiles import GPU_PROFILES, DeviceProfile, gpu_profile_for_name
 from ckpt.module_budgets import frame_regions
 from ckpt.partitioner.analysis import JointAnalysis, analyze_joint, to_picoseconds
@@ -68,6 +68,7 @@ __all__ = [
     "CkptPartitionError",
     "CkptPartitioner",
     "PeakWarning",
+    "ProfileWarning",
     "ckpt_backend",
     "graph_device",
     "make_partitioner",
@@ -441,16 +442,16 @@ def activation_inputs(example_inputs: Sequence[object]) -> frozenset[int]:
 
 
 def resolve_profile(config: CkptConfig, example_inputs: Sequence[object]) -> DeviceProfile:
-    """The device profile: ``CKPT_DEVICE`` if set, else from the graph's tensors."""
+    """The device profile: ``CKPT_DEVICE`` if set, else measured on the graph's device.
+
+    A GPU is measured once per device model (:mod:`ckpt.cost_model.gpu_calibrate`);
+    if measuring fails, its datasheet profile stands in, with one warning.
+    """
     name = config.device
     device = graph_device(example_inputs)
     if name is None:
         if device is not None and device.type == "cuda":
-            gpu_name = torch.cuda.get_device_name(device)
-            profile = gpu_profile_for_name(gpu_name)
-            if profile.name not in gpu_name.lower():
-                log.info("ckpt: no profile for GPU %r; using the %s profile (set CKPT_DEVICE)", gpu_name, profile.name)
-            return profile
+            return _measured_gpu_profile(device)
         if device is not None and device.type not in ("cpu", "meta"):
             log.info("ckpt: no profile for device type %r; using the cpu profile (set CKPT_DEVICE)", device.type)
         name = "cpu"
@@ -459,6 +460,32 @@ def resolve_profile(config: CkptConfig, example_inputs: Sequence[object]) -> Dev
 
         return cpu_profile()
     return GPU_PROFILES[name]
+
+
+_gpu_warnings: set[str] = set()
+
+
+class ProfileWarning(UserWarning):
+    """A device could not be measured: a datasheet profile stands in."""
+
+
+def _measured_gpu_profile(device: torch.device) -> DeviceProfile:
+    from ckpt.cost_model.gpu_calibrate import gpu_profile
+
+    try:
+        return gpu_profile(device)
+    except (RuntimeError, ValueError, TypeError, AttributeError) as error:  # CUDA errors are RuntimeErrors
+        gpu_name = torch.cuda.get_device_name(device)
+        fallback = gpu_profile_for_name(gpu_name)
+        if gpu_name not in _gpu_warnings:
+            _gpu_warnings.add(gpu_name)
+            warnings.warn(
+                f"ckpt: could not measure the {gpu_name} ({type(error).__name__}: {error}); planning with the "
+                f"{fallback.name} datasheet profile ({fallback.source}). Set CKPT_DEVICE to choose a profile",
+                ProfileWarning,
+                stacklevel=2,
+            )
+        return fallback
 
 
 def resolve_auto_peak(config: CkptConfig, example_inputs: Sequence[object]) -> CkptConfig:
@@ -510,27 +537,32 @@ def graph_device(example_inputs: Sequence[object]) -> torch.device | None:
     return device
 
 
-def measured_op_costs(config: CkptConfig, example_inputs: Sequence[object], *, agree: bool = True) -> OpCosts | None:
-    """Measured library-call costs for a graph, if the profile is for the device it runs on and measuring is on.
+def measured_op_costs(
+    config: CkptConfig, example_inputs: Sequence[object], profile: DeviceProfile, *, agree: bool = True
+) -> tuple[OpCosts | None, DeviceProfile]:
+    """Measured library-call costs for a graph, and the profile to plan it with.
 
-    ``agree``: the caller runs on every rank for every graph (the backend), so
-    the ranks can join their tables here; see :class:`ckpt.cost_model.measured.OpCosts`.
+    There are costs only if measuring is on and ``profile`` is for the kind of
+    device the graph runs on.  ``agree``: the caller runs on every rank for
+    every graph (the backend), so the ranks can agree on the costs and the
+    profile here; see :func:`ckpt.cost_model.measured.plan_costs`.
     """
     device = graph_device(example_inputs)
     if not config.measure_ops or device is None or device.type not in ("cpu", "cuda"):
-        return None
+        return None, profile
     if config.device is not None and (config.device == "cpu") != (device.type == "cpu"):
-        return None  # planning for another device than the one at hand
-    return OpCosts.for_device(device, agree=agree)
+        return None, profile  # planning for another device than the one at hand
+    return plan_costs(device, profile, agree=agree)
 
 
 def make_partitioner(gm: fx.GraphModule, example_inputs: Sequence[object], config: CkptConfig) -> CkptPartitioner:
     """The partitioner for one Dynamo graph: its device profile, activation inputs, budgeted modules and op costs."""
+    op_costs, profile = measured_op_costs(config, example_inputs, resolve_profile(config, example_inputs))
     return CkptPartitioner(
         config,
-        resolve_profile(config, example_inputs),
+        profile,
         activation_inputs(example_inputs),
         len(example_inputs),
         frame_regions(gm, example_inputs, config.module_budgets),
-        measured_op_costs(config, example_inputs),
+        op_costs,
     )

@@ -13,9 +13,12 @@ import torch.nn as nn
 
 from ckpt.config import CkptConfig
 from ckpt.cost_model import measured
-from ckpt.cost_model.measured import MeasurementWarning, OpCosts, cached_costs, cached_or_measured
+from ckpt.cost_model.measured import MeasurementWarning, cached_costs, cached_or_measured, plan_costs
 from ckpt.partitioner.analysis import analyze_joint, to_picoseconds
 from tests.joint import TEST_PROFILE, trace_joint
+
+# The timing, the fake-tensor escape and the collective differ across torch versions.
+pytestmark = pytest.mark.compat
 
 CPU = torch.device("cpu")
 
@@ -41,6 +44,11 @@ def _calls(joint):
 
     analyze_joint(joint.graph, joint.num_fwd_outputs, TEST_PROFILE, measure=capture)
     return seen
+
+
+def _costs():
+    """The measured costs a graph alone in its process plans with."""
+    return plan_costs(CPU, TEST_PROFILE)[0]
 
 
 @pytest.fixture
@@ -172,7 +180,7 @@ def test_a_call_that_cannot_be_timed_keeps_its_roofline_with_one_warning(joint, 
     monkeypatch.setattr(measured, "_time_call", broken)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        analysis = analyze_joint(joint.graph, joint.num_fwd_outputs, TEST_PROFILE, measure=OpCosts.for_device(CPU))
+        analysis = analyze_joint(joint.graph, joint.num_fwd_outputs, TEST_PROFILE, measure=_costs())
     messages = [str(w.message) for w in caught if issubclass(w.category, MeasurementWarning)]
     assert len(messages) == 1 and "no kernel for this call" in messages[0], messages
     assert analysis.measured_seconds == {}
@@ -182,7 +190,7 @@ def test_a_call_that_cannot_be_timed_keeps_its_roofline_with_one_warning(joint, 
 
 
 def test_measured_times_replace_the_roofline_in_the_problem(joint, cache, timings):
-    analysis = analyze_joint(joint.graph, joint.num_fwd_outputs, TEST_PROFILE, measure=OpCosts.for_device(CPU))
+    analysis = analyze_joint(joint.graph, joint.num_fwd_outputs, TEST_PROFILE, measure=_costs())
     roofline = joint.analysis
     assert set(analysis.measured_seconds) == set(_calls(joint))
     changed = 0
@@ -225,8 +233,65 @@ def test_only_the_device_at_hand_is_measured():
     from ckpt.backend import measured_op_costs
 
     x = torch.randn(2)
-    assert measured_op_costs(CkptConfig(), [x]) is not None
-    assert measured_op_costs(CkptConfig(device="cpu"), [x]) is not None
-    assert measured_op_costs(CkptConfig(device="h100"), [x]) is None  # planning for another device
-    assert measured_op_costs(CkptConfig(measure_ops=False), [x]) is None
-    assert measured_op_costs(CkptConfig(), []) is None
+
+    def costs(config, inputs):
+        op_costs, profile = measured_op_costs(config, inputs, TEST_PROFILE)
+        assert profile is TEST_PROFILE  # alone in its process, the profile is its own
+        return op_costs
+
+    assert costs(CkptConfig(), [x]) is not None
+    assert costs(CkptConfig(device="cpu"), [x]) is not None
+    assert costs(CkptConfig(device="h100"), [x]) is None  # planning for another device
+    assert costs(CkptConfig(measure_ops=False), [x]) is None
+    assert costs(CkptConfig(), []) is None
+
+
+@pytest.fixture
+def small_gpu_calibration(monkeypatch):
+    """The GPU calibration's code, run on the CPU at small sizes, for a device named like an L4."""
+    from ckpt.cost_model import gpu_calibrate
+
+    monkeypatch.setattr(gpu_calibrate, "_device_name", lambda device: "NVIDIA L4")
+    monkeypatch.setattr(gpu_calibrate, "_MATMUL", 128)
+    monkeypatch.setattr(gpu_calibrate, "_FP64_MATMUL", 64)
+    monkeypatch.setattr(gpu_calibrate, "_COPY_BYTES", 2**20)
+    monkeypatch.setattr(gpu_calibrate, "_TINY_KERNELS", 20)
+    monkeypatch.setattr(gpu_calibrate, "_conv_rate", lambda device: 1e9)  # a 32x256x56x56 conv is slow here
+    runs = []
+    real = gpu_calibrate.calibrate_gpu
+    monkeypatch.setattr(gpu_calibrate, "calibrate_gpu", lambda device: runs.append(device) or real(device))
+    return runs
+
+
+def test_an_unknown_gpu_gets_a_measured_profile_of_its_own_cached(cache, small_gpu_calibration):
+    from ckpt.cost_model.gpu_calibrate import gpu_profile
+    from ckpt.cost_model.profiles import GPU_PROFILES
+
+    profile = gpu_profile(CPU)
+    assert profile.name == "nvidia-l4" and profile.source.startswith("measured on this GPU (NVIDIA L4)")
+    assert profile.flops_per_second("bf16") > 0 and profile.bandwidth > 0 and profile.kernel_overhead > 0
+    assert profile.key() not in {p.key() for p in GPU_PROFILES.values()}
+    assert gpu_profile(CPU) == profile and len(small_gpu_calibration) == 1  # the second read is the cache's
+    (path,) = cache.glob("gpu-profile-*.json")
+    path.write_text("{", encoding="utf-8")  # corrupt: measured again
+    assert gpu_profile(CPU).name == "nvidia-l4" and len(small_gpu_calibration) == 2
+
+
+def test_a_gpu_that_cannot_be_measured_gets_its_datasheet_profile_with_one_warning(monkeypatch):
+    from ckpt import backend
+    from ckpt.cost_model import gpu_calibrate
+    from ckpt.cost_model.profiles import GPU_PROFILES
+
+    def broken(device):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(gpu_calibrate, "gpu_profile", broken)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(backend, "graph_device", lambda inputs: torch.device("cuda", 0))
+    monkeypatch.setattr(backend, "_gpu_warnings", set())
+    with pytest.warns(backend.ProfileWarning, match="could not measure the NVIDIA H100 80GB HBM3.*out of memory"):
+        assert backend.resolve_profile(CkptConfig(), []) is GPU_PROFILES["h100"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert backend.resolve_profile(CkptConfig(), []) is GPU_PROFILES["h100"]  # warned once
+    assert backend.resolve_profile(CkptConfig(device="a100"), []) is GPU_PROFILES["a100"]  # CKPT_DEVICE overrides

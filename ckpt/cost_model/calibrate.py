@@ -38,16 +38,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
-import os
-import platform
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import torch
 
 from ckpt.config import cache_dir
+from ckpt.cost_model.cache_files import cpu_model, locked, write_atomically
 from ckpt.cost_model.fused_calibration import measure_fused_costs
 from ckpt.cost_model.profiles import DeviceProfile
 from ckpt.cost_model.timing import fastest_seconds
@@ -70,19 +67,8 @@ FUSED_DEFAULTS: dict[str, float] = {
 }
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _machine_key() -> str:
-    text = f"{_cpu_model()}|threads={torch.get_num_threads()}|torch={torch.__version__}|v{_FORMAT_VERSION}"
+    text = f"{cpu_model()}|threads={torch.get_num_threads()}|torch={torch.__version__}|v{_FORMAT_VERSION}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -171,7 +157,7 @@ def calibrate_cpu(*, fused: bool = True) -> DeviceProfile:
         bandwidth=_round(bandwidth),
         kernel_overhead=_round(overhead),
         source=(
-            f"measured on this machine ({_cpu_model()}, {threads} threads): 512x512 fp32/bf16 matmul, 3x3 "
+            f"measured on this machine ({cpu_model()}, {threads} threads): 512x512 fp32/bf16 matmul, 3x3 "
             "convolution (one thread, scaled by the thread count), 64 MiB and 1 MiB copies, tiny element-wise "
             f"op; {fused_source}"
         ),
@@ -185,54 +171,6 @@ def calibrate_cpu(*, fused: bool = True) -> DeviceProfile:
     )
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+", encoding="utf-8") as handle:
-        try:
-            import fcntl
-        except ImportError:  # not on POSIX: no cross-process lock
-            yield
-            return
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-_FIELDS = (
-    "name",
-    "bandwidth",
-    "kernel_overhead",
-    "source",
-    "element_seconds",
-    "transcendental_seconds",
-    "cache_bytes",
-    "cache_bandwidth",
-    "conv_efficiency",
-    "byte_store_seconds",
-    "byte_load_seconds",
-)
-
-
-def _load(path: Path) -> DeviceProfile | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return DeviceProfile(
-            peak_flops=tuple((str(k), float(v)) for k, v in data["peak_flops"]),
-            **{name: data[name] for name in _FIELDS},
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _dump(profile: DeviceProfile) -> str:
-    data = {name: getattr(profile, name) for name in _FIELDS}
-    data["peak_flops"] = [list(item) for item in profile.peak_flops]
-    return json.dumps(data, indent=2)
-
-
 def cpu_profile(*, recalibrate: bool = False) -> DeviceProfile:
     """The cached ``cpu`` profile for this machine, measuring it on first use (quickly: see the module).
 
@@ -242,8 +180,10 @@ def cpu_profile(*, recalibrate: bool = False) -> DeviceProfile:
     directory = cache_dir()
     path = directory / f"cpu-profile-{_machine_key()}.json"
     try:
-        with _locked(directory / "calibrate.lock"):
-            profile = None if recalibrate else _load(path)
+        with locked(directory / "calibrate.lock"):
+            profile = None
+            if not recalibrate and path.exists():
+                profile = DeviceProfile.from_json(path.read_text(encoding="utf-8"))
             if profile is None:
                 if recalibrate:
                     log.info("ckpt: calibrating the cpu profile with fused kernels (about ten seconds)")
@@ -254,9 +194,7 @@ def cpu_profile(*, recalibrate: bool = False) -> DeviceProfile:
                         path,
                     )
                 profile = calibrate_cpu(fused=recalibrate)
-                tmp = path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(_dump(profile), encoding="utf-8")
-                os.replace(tmp, path)
+                write_atomically(path, profile.to_json())
             return profile
     except OSError as error:  # read-only home, full disk: measure without caching
         log.warning("ckpt: cannot use the calibration cache at %s (%s); measuring without it", directory, error)

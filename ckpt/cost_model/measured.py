@@ -18,13 +18,14 @@ each distinct call instead:
   (:func:`call_signature`), so the 28 layers of a transformer share one
   measurement per distinct call.
 * **How.**  A warm-up, then the fastest of a few runs (other work on the
-  machine can only add time), with the device synchronised around each run.
+  machine can only add time), timed with CUDA events on a GPU.
   The inputs are drawn from a private generator: the global random state the
   model's dropout reads is left as it was.
 * **Bounded.**  Calls are timed in order of their roofline time, largest
   first, until :data:`SECONDS_PER_GRAPH` of measuring; the rest keep the
   roofline.  A call whose tensors would need more than
-  :data:`MAX_CALL_BYTES` is not timed.
+  :data:`MAX_CALL_BYTES` (on a GPU, or a quarter of its free memory) is not
+  timed.
 * **Cached** as JSON in the cache directory, one file per device (CPU model
   and thread count, or GPU name) and torch version, under a file lock:
   processes that start together (the ranks of one job) share one
@@ -36,27 +37,24 @@ each distinct call instead:
   initialised process group, the ranks join their cached tables when the
   backend receives each graph, a point every rank reaches whatever Inductor's
   caches hold (:func:`agree_across_ranks`: each call's time from the lowest
-  rank that has one), and plan from that table only.  Calls it lacks keep
-  their roofline time in that graph; they are measured and cached for the
-  graphs and the runs after it.  That is one collective per graph Dynamo
-  hands the backend, so every rank must compile the same graphs in the same
-  order, as FSDP and DDP need anyway; ``CKPT_MEASURE_OPS=0`` turns measuring
-  off where they do not.
+  rank that has one, and rank 0's device profile), and plan from that only.
+  Calls the table lacks keep their roofline time in that graph; they are
+  measured and cached for the graphs and the runs after it.  That is one
+  collective per graph Dynamo hands the backend, so every rank must compile
+  the same graphs in the same order, as FSDP and DDP need anyway;
+  ``CKPT_MEASURE_OPS=0`` turns measuring and the collective off where they
+  do not.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
-import os
-import platform
-import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,8 +65,11 @@ import torch.utils._pytree as pytree
 
 from ckpt import _torch_compat as compat
 from ckpt.config import cache_dir
+from ckpt.cost_model.cache_files import cpu_model, locked, write_atomically
 from ckpt.cost_model.node_cost import NodeEstimate, SizeEvaluator
 from ckpt.cost_model.ops import OpKind
+from ckpt.cost_model.profiles import DeviceProfile
+from ckpt.cost_model.timing import device_seconds
 
 __all__ = [
     "MAX_CALL_BYTES",
@@ -83,6 +84,7 @@ __all__ = [
     "device_key",
     "library_calls",
     "measure_calls",
+    "plan_costs",
 ]
 
 log = logging.getLogger(__name__)
@@ -273,11 +275,6 @@ def _materialise(value: Any, generator_for: Callable[[torch.device], torch.Gener
     return value
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _time_call(call: MeasuredCall) -> float:
     """The fastest of a few runs of ``call`` on fresh tensors of its specs, in seconds."""
     generators: dict[torch.device, torch.Generator] = {}
@@ -291,16 +288,22 @@ def _time_call(call: MeasuredCall) -> float:
         args = _materialise(call.args, generator_for)
         kwargs = _materialise(call.kwargs, generator_for)
 
-        def run() -> float:
-            _synchronize(call.device)
-            start = time.perf_counter()
+        def run() -> None:
             call.target(*args, **kwargs)
-            _synchronize(call.device)
-            return time.perf_counter() - start
 
-        first = run()  # warm-up: first-call setup, caches, lazy initialisation
-        repeats = _REPEATS if first < _MAX_REPEAT_SECONDS else 1
-        return min(run() for _ in range(repeats))
+        # The first timed run comes after a warm-up (first-call setup, caches, lazy initialisation).
+        first = device_seconds(run, call.device, 1)
+        if first >= _MAX_REPEAT_SECONDS:
+            return first
+        return min(first, device_seconds(run, call.device, _REPEATS))
+
+
+def _byte_limit(device: torch.device) -> int:
+    """The most tensor bytes one timed call may allocate: on a GPU, also a quarter of its free memory."""
+    if device.type != "cuda":
+        return MAX_CALL_BYTES
+    free, _ = torch.cuda.mem_get_info(device)
+    return min(MAX_CALL_BYTES, int(free) // 4)
 
 
 def measure_calls(
@@ -320,8 +323,9 @@ def measure_calls(
         if time.perf_counter() - started >= seconds:
             log.info("ckpt: measuring time is up after %d library calls; the rest keep the roofline", len(measured))
             break
-        if call.tensor_bytes > MAX_CALL_BYTES:
-            log.debug("ckpt: not timing %s: its tensors exceed %d bytes", call.signature, MAX_CALL_BYTES)
+        limit = _byte_limit(call.device)
+        if call.tensor_bytes > limit:
+            log.debug("ckpt: not timing %s: its tensors exceed %d bytes", call.signature, limit)
             continue
         try:
             measured[call.signature] = _time_call(call)
@@ -340,42 +344,15 @@ def measure_calls(
 # --- the cache ---------------------------------------------------------------------------------------------
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def device_key(device: torch.device) -> str:
     """The cache key of a device: its model, the threads or the GPU, and the torch version."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         text = f"cuda|{name}|{torch.version.cuda or torch.version.hip}"
     else:
-        text = f"{device.type}|{_cpu_model()}|threads={torch.get_num_threads()}"
+        text = f"{device.type}|{cpu_model()}|threads={torch.get_num_threads()}"
     text += f"|torch={torch.__version__}|v{_FORMAT_VERSION}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+", encoding="utf-8") as handle:
-        try:
-            import fcntl
-        except ImportError:  # not on POSIX: no cross-process lock
-            yield
-            return
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def _load(path: Path) -> dict[str, float]:
@@ -395,9 +372,7 @@ def _load(path: Path) -> dict[str, float]:
 
 
 def _store(path: Path, costs: Mapping[str, float]) -> None:
-    tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-    tmp.write_text(json.dumps({"format": _FORMAT_VERSION, "costs": dict(sorted(costs.items()))}, indent=1))
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps({"format": _FORMAT_VERSION, "costs": dict(sorted(costs.items()))}, indent=1))
 
 
 def _cache_path(directory: Path, device: torch.device) -> Path:
@@ -408,7 +383,7 @@ def cached_costs(device: torch.device, directory: Path | None = None) -> dict[st
     """What the cache holds for ``device``: seconds by call signature (empty if nothing, or unreadable)."""
     directory = cache_dir() if directory is None else directory
     try:
-        with _locked(directory / "op-costs.lock"):
+        with locked(directory / "op-costs.lock"):
             return _load(_cache_path(directory, device))
     except OSError as error:
         log.warning("ckpt: cannot read the measured-cost cache at %s (%s)", directory, error)
@@ -429,7 +404,7 @@ def cached_or_measured(
     path = _cache_path(directory, calls[0].device)
     unique = list({c.signature: c for c in calls}.values())
     try:
-        with _locked(directory / "op-costs.lock"):
+        with locked(directory / "op-costs.lock"):
             known = _load(path)
             missing = [c for c in unique if c.signature not in known]
             if missing:
@@ -456,24 +431,47 @@ def _process_group_size() -> int:
     return 1
 
 
-def agree_across_ranks(costs: Mapping[str, float]) -> dict[str, float]:
-    """One table of costs for every rank: each call's time from the lowest rank that has one.
+def agree_across_ranks(costs: Mapping[str, float], profile: DeviceProfile) -> tuple[dict[str, float], DeviceProfile]:
+    """One table of costs and one device profile for every rank.
 
-    Without an initialised process group (or with one rank) this returns
-    ``costs``.  Otherwise it is one ``all_gather_object`` over the default
-    group, which every rank must reach.
+    The table holds each call's time from the lowest rank that has one; the
+    profile is rank 0's.  Without an initialised process group (or with one
+    rank) this returns its arguments.  Otherwise it is one
+    ``all_gather_object`` over the default group, which every rank must reach.
     """
     if _process_group_size() <= 1:
-        return dict(costs)
+        return dict(costs), profile
     import torch.distributed as dist
 
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, dict(costs))
+    dist.all_gather_object(gathered, (dict(costs), profile.to_json()))
     agreed: dict[str, float] = {}
-    for table in gathered:  # in rank order
+    for table, _ in gathered:  # in rank order
         for signature, seconds in table.items():
             agreed.setdefault(str(signature), float(seconds))
-    return agreed
+    first = DeviceProfile.from_json(gathered[0][1])
+    if first is None:  # the same ckpt on every rank writes what it reads; keep this rank's rather than fail
+        log.warning("ckpt: rank 0's device profile could not be read; this rank plans with its own")
+        first = profile
+    elif first != profile:
+        log.info("ckpt: planning with rank 0's %s profile (%s)", first.name, first.source)
+    return agreed, first
+
+
+def plan_costs(device: torch.device, profile: DeviceProfile, *, agree: bool = True) -> tuple[OpCosts, DeviceProfile]:
+    """The measured costs and the profile a graph about to be compiled on ``device`` plans with.
+
+    Under a process group, ``agree`` joins the ranks' tables and takes rank
+    0's profile (:func:`agree_across_ranks`); ``agree=False`` there uses no
+    measured costs at all and keeps this rank's profile (for callers that
+    cannot reach a point every rank reaches).
+    """
+    if _process_group_size() <= 1:
+        return OpCosts(device, cached_costs(device), use_fresh=True), profile
+    if not agree:
+        return OpCosts(device, {}, use_fresh=False, seconds=0.0), profile
+    known, profile = agree_across_ranks(cached_costs(device), profile)
+    return OpCosts(device, known, use_fresh=False), profile
 
 
 @dataclass
@@ -485,26 +483,13 @@ class OpCosts:
     group, ``known`` is the table the ranks agreed on when the graph was
     handed to the backend (:func:`agree_across_ranks`); the graph uses only
     those, and what it measures goes to the cache for the graphs after it.
+    :func:`plan_costs` makes one.
     """
 
     device: torch.device
     known: dict[str, float]
     use_fresh: bool
     seconds: float = SECONDS_PER_GRAPH
-
-    @classmethod
-    def for_device(cls, device: torch.device, *, agree: bool = True) -> OpCosts:
-        """The costs for a graph about to be compiled on ``device``; ``agree`` joins the ranks' tables.
-
-        ``agree=False`` under a process group uses no measured costs at all
-        (for callers that cannot reach a point every rank reaches).
-        """
-        distributed = _process_group_size() > 1
-        if not distributed:
-            return cls(device, cached_costs(device), use_fresh=True)
-        if not agree:
-            return cls(device, {}, use_fresh=False, seconds=0.0)
-        return cls(device, agree_across_ranks(cached_costs(device)), use_fresh=False)
 
     def key(self) -> str:
         """What plans depend on, for cache keys: the agreed table under a process group, else nothing.

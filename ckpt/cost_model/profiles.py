@@ -28,11 +28,15 @@ GPU profiles:
   is bound by memory traffic, which the bandwidth term covers.
 
 The ``cpu`` profile is measured on the machine itself by
-:mod:`ckpt.cost_model.calibrate` and cached.
+:mod:`ckpt.cost_model.calibrate` and cached; a GPU in use is measured by
+:mod:`ckpt.cost_model.gpu_calibrate`.  The GPU tables here are for
+``CKPT_DEVICE`` and the fallback when measuring fails.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 
 __all__ = ["DeviceProfile", "GPU_PROFILES", "PROFILE_NAMES", "gpu_profile_for_name"]
@@ -90,6 +94,22 @@ class DeviceProfile:
         if transcendental:
             return self.transcendental_seconds or 4.0 * simple
         return simple
+
+    def to_json(self) -> str:
+        """The profile as JSON, for the calibration caches."""
+        data: dict[str, object] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["peak_flops"] = [list(item) for item in self.peak_flops]
+        return json.dumps(data, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> DeviceProfile | None:
+        """The profile :meth:`to_json` wrote, or None if ``text`` is not one (a corrupt or older cache file)."""
+        try:
+            data = json.loads(text)
+            fields = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name != "peak_flops"}
+            return cls(peak_flops=tuple((str(k), float(v)) for k, v in data["peak_flops"]), **fields)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
 
     def key(self) -> str:
         """A stable text that identifies the rates, for cache keys."""
@@ -156,7 +176,8 @@ PROFILE_NAMES: tuple[str, ...] = ("cpu", *GPU_PROFILES)
 def gpu_profile_for_name(device_name: str) -> DeviceProfile:
     """The profile for a CUDA device name such as ``'NVIDIA H100 80GB HBM3'``.
 
-    Unknown GPUs get the H100 profile; the caller logs that choice.
+    Unknown GPUs get the H100 profile: the fallback when a GPU cannot be
+    measured, which the caller warns about.
     """
     lowered = device_name.lower()
     for key in ("h200", "h100", "a100"):

@@ -15,6 +15,8 @@ import pytest
 from tests.distributed.launch import run_ranks
 from tests.distributed.workers import op_costs_worker
 
+pytestmark = pytest.mark.compat
+
 TIMEOUT_S = 120
 
 
@@ -35,3 +37,9 @@ def test_every_rank_plans_from_rank_zeros_timings(ranks):
     assert first["agreed"] == second["agreed"] == first["raw"]
     assert first["key"] == second["key"]
     assert first["fingerprint"] == second["fingerprint"] == first["own_fingerprint"]
+
+
+def test_every_rank_plans_with_rank_zeros_device_profile(ranks):
+    first, second = ranks
+    assert first["own_profile"] != second["own_profile"]
+    assert first["profile"] == second["profile"] == first["own_profile"]

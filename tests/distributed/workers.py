@@ -183,8 +183,8 @@ def op_costs_worker(rank: int, world_size: int, budget_fraction: float) -> dict[
     fills it with its timings through one planning pass (under a process
     group that pass plans from the agreed table, then empty).  The second pass
     plans from the table the ranks agree on.  Returns the raw and agreed
-    tables, the cost key, the agreed plan's fingerprint, and the fingerprint
-    of a plan from this rank's own timings alone.
+    tables, the agreed and own profiles, the cost key, the agreed plan's
+    fingerprint, and the fingerprint of a plan from this rank's own timings alone.
     """
     import os
     from pathlib import Path
@@ -208,14 +208,20 @@ def op_costs_worker(rank: int, world_size: int, budget_fraction: float) -> dict[
         cap = int(budget_fraction * analysis.no_recompute_bytes)
         return solve(analysis.problem, cap).fingerprint(analysis.problem)
 
+    import dataclasses
+
+    # The ranks' device profiles differ too, as separately calibrated hosts' do.
+    own_profile = dataclasses.replace(TEST_PROFILE, bandwidth=TEST_PROFILE.bandwidth * (1 + rank))
     progress("first pass")
-    plan(measured.OpCosts.for_device(device))
+    plan(measured.plan_costs(device, own_profile)[0])
     raw = measured.cached_costs(device)
     progress("second pass")
-    agreed = measured.OpCosts.for_device(device)
+    agreed, profile = measured.plan_costs(device, own_profile)
     return {
         "raw": raw,
         "agreed": agreed.known,
+        "profile": profile.key(),
+        "own_profile": own_profile.key(),
         "key": agreed.key(),
         "fingerprint": plan(agreed),
         "own_fingerprint": plan(measured.OpCosts(device, raw, use_fresh=False)),
