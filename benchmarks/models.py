@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from benchmarks.language_models import GPT, GPTConfig, Llama, LlamaConfig
 from benchmarks.model_base import BlockModel, class_labels
-from benchmarks.vision_models import ResNet, ResNetConfig, ViT, ViTConfig
+from benchmarks.vision_models import ResNet, ResNetConfig, UNet, UNetConfig, ViT, ViTConfig
 
 __all__ = ["MODELS", "SIZES", "BlockModel", "DeepMLP", "ModelSpec", "model_spec", "parameter_count"]
 
@@ -140,6 +140,17 @@ MODELS: dict[str, ModelSpec] = {
                 "tiny": ResNetConfig(widths=(8, 16), depth=1, image=16, batch=2, classes=10),
                 "cpu": ResNetConfig(widths=(32, 64, 128, 256), depth=2, image=32, batch=32, classes=100),
                 "gpu": ResNetConfig(widths=(64, 128, 256, 512), depth=2, image=224, batch=64, classes=1000),
+            },
+        ),
+        ModelSpec(
+            "unet",
+            "U-Net",
+            False,
+            UNet,
+            {
+                "tiny": UNetConfig(widths=(8, 16), image=16, batch=2, classes=4),
+                "cpu": UNetConfig(widths=(16, 32, 64, 128), image=64, batch=8, classes=8),
+                "gpu": UNetConfig(widths=(64, 128, 256, 512), image=256, batch=16, classes=19),
             },
         ),
         ModelSpec(

@@ -1,4 +1,4 @@
-"""Vision models for the benchmarks: ViT and ResNet style."""
+"""Vision models for the benchmarks: ViT, ResNet style and a U-Net."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from benchmarks.model_base import BlockModel, class_labels
 
-__all__ = ["ResNet", "ResNetConfig", "ViT", "ViTConfig"]
+__all__ = ["ResNet", "ResNetConfig", "UNet", "UNetConfig", "ViT", "ViTConfig"]
 
 
 # ---------------------------------------------------------------- ViT
@@ -131,3 +132,95 @@ class ResNet(BlockModel):
         c = self.config
         images = torch.randn(c.batch, 3, c.image, c.image, generator=generator).to(device, dtype)
         return images, class_labels(c, generator, device)
+
+
+# ---------------------------------------------------------------- U-Net
+
+
+@dataclass(frozen=True)
+class UNetConfig:
+    widths: tuple[int, ...]  # channels per level, from the full-resolution one down
+    image: int
+    batch: int
+    classes: int  # per-pixel classes
+
+
+def _double_conv(cin: int, cout: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, padding=1, bias=False),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(),
+        nn.Conv2d(cout, cout, 3, padding=1, bias=False),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(),
+    )
+
+
+class DownBlock(nn.Module):
+    """Half the resolution (except at the first level), then two conv-BN-ReLU."""
+
+    def __init__(self, cin: int, cout: int, pool: bool) -> None:
+        super().__init__()
+        self.pool = pool
+        self.convs = _double_conv(cin, cout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.convs(F.max_pool2d(x, 2) if self.pool else x)
+
+
+class UpBlock(nn.Module):
+    """Double the resolution with a transposed convolution, join the skip connection, two conv-BN-ReLU."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose2d(cin, cout, 2, stride=2)
+        self.convs = _double_conv(2 * cout, cout)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        return self.convs(torch.cat([self.up(x), skip], dim=1))
+
+
+class UNet(BlockModel):
+    """A U-Net segmenter: an irregular graph, every encoder level's output is read again by the decoder.
+
+    The blocks are the encoder levels, then the decoder levels; each decoder
+    level reads the output of the encoder level at its resolution (a long
+    skip connection), so the activations alive at once are not a chain.
+    """
+
+    def __init__(self, c: UNetConfig) -> None:
+        super().__init__()
+        self.config = c
+        self.stem = nn.Sequential(nn.Conv2d(3, c.widths[0], 3, padding=1, bias=False), nn.BatchNorm2d(c.widths[0]))
+        downs = [DownBlock(c.widths[0], c.widths[0], pool=False)]
+        downs += [DownBlock(cin, cout, pool=True) for cin, cout in zip(c.widths, c.widths[1:])]
+        ups = [UpBlock(cin, cout) for cin, cout in zip(c.widths[:0:-1], c.widths[-2::-1])]
+        self.levels = len(downs)
+        self.blocks = nn.ModuleList(downs + ups)
+        self.head = nn.Conv2d(c.widths[0], c.classes, 1)
+
+    def embed(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.stem(images))
+
+    def loss(self, x: torch.Tensor, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(x).float(), labels)
+
+    def forward(self, *inputs: torch.Tensor, checkpoint_blocks: bool = False) -> torch.Tensor:
+        def run(block: nn.Module, *args: torch.Tensor) -> torch.Tensor:
+            return checkpoint(block, *args, use_reentrant=False) if checkpoint_blocks else block(*args)
+
+        x = self.embed(*inputs)
+        skips = []
+        for block in self.blocks[: self.levels]:
+            x = run(block, x)
+            skips.append(x)
+        skips.pop()  # the lowest level feeds the decoder directly
+        for block in self.blocks[self.levels :]:
+            x = run(block, x, skips.pop())
+        return self.loss(x, *inputs)
+
+    def make_inputs(self, generator, device, dtype):
+        c = self.config
+        images = torch.randn(c.batch, 3, c.image, c.image, generator=generator).to(device, dtype)
+        labels = torch.randint(0, c.classes, (c.batch, c.image, c.image), generator=generator).to(device)
+        return images, labels
