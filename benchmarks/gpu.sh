@@ -10,6 +10,10 @@
 # that would not fit; a hard timeout interrupts it after that, and it still writes the models that
 # finished.
 #
+# Before the runner, `python -m ckpt calibrate --device cuda` measures the GPU's profile (a second or
+# so) into $OUT/profile.txt; the runner's ckpt settings plan with it and with library calls timed on
+# the GPU (CKPT_MEASURE_OPS, on by default).
+#
 # After the runner, a one-GPU FSDP2 run (python -m benchmarks.fsdp, world size 1 on nccl) compares
 # default torch.compile with ckpt at 0.5 under fully_shard, within FSDP_LIMIT seconds.
 #
@@ -18,8 +22,8 @@
 # (default python3), DEVICE (default cuda) and FSDP_SIZE (default gpu on cuda, tiny otherwise).
 # A dry run of the whole script on a machine without a GPU:
 #   DEVICE=cpu OUT=/tmp/gpu-try bash benchmarks/gpu.sh --quick
-# Files under $OUT: <gpu>.md, <gpu>.json, <gpu>.png (e.g. h200.*), fsdp-<gpu>.md, run.log,
-# fsdp.log, env.txt.
+# Files under $OUT: profile.txt, <gpu>.md, <gpu>.json, <gpu>.png (e.g. h200.*), fsdp-<gpu>.md,
+# run.log, fsdp.log, env.txt.
 set -uo pipefail
 : "${OUT:?set OUT to the directory that receives the results}"
 PYTHON=${PYTHON:-python3}
@@ -53,6 +57,11 @@ except ImportError:
 PY
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null || true
 } >"$OUT/env.txt" 2>&1
+
+if [ "$DEVICE" = cuda ]; then
+    timeout 120 "$PYTHON" -m ckpt calibrate --device cuda >"$OUT/profile.txt" 2>&1 ||
+        echo "calibration failed: the runner falls back to the datasheet profile" >>"$OUT/profile.txt"
+fi
 
 # The runner stops starting work after LIMIT seconds; INT after LIMIT+45 makes it write what finished
 # and exit; KILL 15 seconds later is the last resort. With the FSDP2 run after it, the worst case is

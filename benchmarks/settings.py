@@ -4,6 +4,9 @@ A setting is eager, eager with ``torch.utils.checkpoint`` around every block,
 default ``torch.compile``, ``torch.compile`` with torch's own
 ``activation_memory_budget``, or ``backend="ckpt"`` at a budget or under a
 peak cap (``ckpt-peak-<fraction>``: ``CKPT_PEAK_MEMORY``, no budget).
+``ckpt-roofline-<budget>`` is ckpt with ``CKPT_MEASURE_OPS=0``: library
+calls priced by the roofline instead of timed on the device, to measure what
+the timings change side by side (the ``roofline`` group; not in ``all``).
 
 **One code object per setting.**  Dynamo caches compiled code on the code
 object it compiled.  Parameters are graph inputs, so a second setting that
@@ -44,14 +47,15 @@ __all__ = [
     "torch_budget",
 ]
 
-EAGER, EAGER_CHECKPOINT, COMPILE, TORCH_BUDGET, CKPT = (
+EAGER, EAGER_CHECKPOINT, COMPILE, TORCH_BUDGET, CKPT, CKPT_ROOFLINE = (
     "eager",
     "eager checkpoint",
     "torch.compile",
     "torch budget",
     "ckpt",
+    "ckpt roofline",
 )
-FAMILIES = (EAGER, EAGER_CHECKPOINT, COMPILE, TORCH_BUDGET, CKPT)
+FAMILIES = (EAGER, EAGER_CHECKPOINT, COMPILE, TORCH_BUDGET, CKPT, CKPT_ROOFLINE)
 BUDGETS = (0.75, 0.5, 0.25, 0.1, 0.0)
 PEAK_CAPS = (0.5,)
 
@@ -67,7 +71,7 @@ class Setting:
 
     @property
     def compiled(self) -> bool:
-        return self.family in (COMPILE, TORCH_BUDGET, CKPT)
+        return self.family in (COMPILE, TORCH_BUDGET, CKPT, CKPT_ROOFLINE)
 
 
 def _all_settings() -> tuple[Setting, ...]:
@@ -81,13 +85,20 @@ def _all_settings() -> tuple[Setting, ...]:
     settings.append(Setting("ckpt-none", "ckpt none", CKPT))
     settings += [Setting(f"ckpt-{b}", f"ckpt {b}", CKPT, b) for b in BUDGETS]
     settings += [Setting(f"ckpt-peak-{p}", f"ckpt peak {p}", CKPT, peak=p) for p in PEAK_CAPS]
+    settings.append(Setting("ckpt-roofline-none", "ckpt roofline none", CKPT_ROOFLINE))
+    settings += [Setting(f"ckpt-roofline-{b}", f"ckpt roofline {b}", CKPT_ROOFLINE, b) for b in BUDGETS]
     return tuple(settings)
 
 
 SETTINGS: dict[str, Setting] = {s.key: s for s in _all_settings()}
 
 SETTING_GROUPS: dict[str, tuple[str, ...]] = {
-    "all": tuple(SETTINGS),
+    "all": tuple(k for k, s in SETTINGS.items() if s.family != CKPT_ROOFLINE),
+    # measured op costs against the roofline, side by side
+    "roofline": (
+        "compile", "compile-repeat", "torch-0.5", "torch-0.25", "ckpt-none", "ckpt-roofline-none",
+        "ckpt-0.5", "ckpt-roofline-0.5", "ckpt-0.25", "ckpt-roofline-0.25",
+    ),
     # --quick: every family, one budget each.
     "quick": ("eager", "eager-checkpoint", "compile", "compile-repeat", "torch-0.5", "ckpt-none", "ckpt-0.5"),
     # gpu.sh, in priority order: under a time limit the last ones are skipped first.
@@ -163,6 +174,7 @@ def make_step(setting: Setting, model: BlockModel) -> Step:
     options = {
         "memory_budget": setting.budget_text or ("none" if setting.budget is None else str(setting.budget)),
         "peak_memory": "none" if setting.peak is None else str(setting.peak),
+        "measure_ops": setting.family == CKPT,
     }
     compiled = torch.compile(fn, backend=ckpt_backend, fullgraph=True, options=options)
     return Step(setting, compiled, context)

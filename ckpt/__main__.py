@@ -20,25 +20,43 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from ckpt.cost_model.calibrate import cpu_profile
+    import torch
 
-    profile = cpu_profile(recalibrate=True)
-    print(f"cpu profile: {profile.source}")
+    if args.device == "cpu":
+        from ckpt.cost_model.calibrate import cpu_profile
+
+        profile = cpu_profile(recalibrate=True)
+    else:
+        if not torch.cuda.is_available():
+            print(f"--device {args.device}: no CUDA device is available here", file=sys.stderr)
+            return 2
+        from ckpt.cost_model.gpu_calibrate import gpu_profile
+
+        profile = gpu_profile(torch.device(args.device), recalibrate=True)
+    print(f"{profile.name} profile: {profile.source}")
     for dtype, rate in profile.peak_flops:
         print(f"  peak {dtype}: {rate / 1e9:.1f} GFLOP/s")
     print(f"  bandwidth: {profile.bandwidth / 1e9:.1f} GB/s")
     print(f"  kernel overhead: {profile.kernel_overhead * 1e6:.2f} us")
-    print(f"  cache tier: {profile.cache_bandwidth / 1e9:.1f} GB/s up to {profile.cache_bytes / 2**20:.0f} MiB")
+    if profile.cache_bytes:
+        print(f"  cache tier: {profile.cache_bandwidth / 1e9:.1f} GB/s up to {profile.cache_bytes / 2**20:.0f} MiB")
     print(f"  convolution efficiency: {profile.conv_efficiency:.2f} of the matrix rate")
     print(
         f"  fused work per element: {profile.element_seconds * 1e9:.4f} ns simple, "
         f"{profile.transcendental_seconds * 1e9:.3f} ns transcendental"
     )
-    print(
-        f"  bool tensors in fused kernels: {profile.byte_store_seconds * 1e9:.2f} ns per element written, "
-        f"{profile.byte_load_seconds * 1e9:.2f} ns read"
-    )
+    if profile.byte_store_seconds or profile.byte_load_seconds:
+        print(
+            f"  bool tensors in fused kernels: {profile.byte_store_seconds * 1e9:.2f} ns per element written, "
+            f"{profile.byte_load_seconds * 1e9:.2f} ns read"
+        )
     return 0
+
+
+def _device_arg(text: str) -> str:
+    if text == "cpu" or text == "cuda" or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not a device; give cpu, cuda or cuda:N")
 
 
 def _budget_arg(text: str) -> str:
@@ -178,7 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--steps", type=int, default=8, help="training steps per setting (default 8)")
     demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     demo.set_defaults(run=_demo)
-    calibrate = commands.add_parser("calibrate", help="measure this machine's CPU rates for the cost model")
+    calibrate = commands.add_parser(
+        "calibrate", help="measure this machine's CPU rates (or a GPU's) for the cost model, replacing the cached ones"
+    )
+    calibrate.add_argument("--device", type=_device_arg, default="cpu", help="cpu (default), cuda or cuda:N")
     calibrate.set_defaults(run=_calibrate)
     _add_model_commands(commands)
     args = parser.parse_args(argv)

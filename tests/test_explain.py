@@ -184,6 +184,8 @@ def test_report_text_and_json(record):
         "Recomputed values",
         "torch default partition",
         "lambda =",
+        f"Costs: the {record.profile.name} profile; 0 of ",
+        "library calls timed on the device",
         "measured - predicted",
         "| node",
     ):

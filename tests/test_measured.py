@@ -295,3 +295,32 @@ def test_a_gpu_that_cannot_be_measured_gets_its_datasheet_profile_with_one_warni
         warnings.simplefilter("error")
         assert backend.resolve_profile(CkptConfig(), []) is GPU_PROFILES["h100"]  # warned once
     assert backend.resolve_profile(CkptConfig(device="a100"), []) is GPU_PROFILES["a100"]  # CKPT_DEVICE overrides
+
+
+def test_recalibrating_a_gpu_measures_it_again(cache, small_gpu_calibration):
+    from ckpt.cost_model.gpu_calibrate import gpu_profile
+
+    gpu_profile(CPU)
+    gpu_profile(CPU, recalibrate=True)
+    assert len(small_gpu_calibration) == 2
+
+
+def test_the_calibrate_command_names_a_missing_gpu_and_rejects_other_devices(capsys, monkeypatch):
+    from ckpt.__main__ import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["calibrate", "--device", "cuda"]) == 2
+    assert "no CUDA device is available" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--device", "gpu"])
+    assert "'gpu' is not a device; give cpu, cuda or cuda:N" in capsys.readouterr().err
+
+
+def test_inputs_of_every_dtype_are_drawn_within_the_unit_range_or_zero():
+    generator = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int64, torch.bool):
+        spec = measured._TensorSpec((4, 3), (1, 4), 2, dtype, CPU)  # transposed, with an offset
+        tensor = measured._materialise(spec, lambda device: generator)
+        assert tensor.dtype == dtype and tensor.shape == (4, 3) and tensor.stride() == (1, 4)
+        values = tensor.float()
+        assert values.abs().max() <= 1 and (values.abs().sum() > 0) == dtype.is_floating_point

@@ -10,13 +10,18 @@ cached one, so a reader never sees half a file.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import platform
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["cpu_model", "locked", "write_atomically"]
+from ckpt.cost_model.profiles import DeviceProfile
+
+__all__ = ["cached_profile", "cpu_model", "locked", "write_atomically"]
+
+log = logging.getLogger(__name__)
 
 
 def cpu_model() -> str:
@@ -53,3 +58,29 @@ def write_atomically(path: Path, text: str) -> None:
     tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def cached_profile(
+    path: Path, measure: Callable[[], DeviceProfile], *, recalibrate: bool = False, announce: str = ""
+) -> DeviceProfile:
+    """The device profile cached at ``path``, or ``measure()`` stored there if there is none (or ``recalibrate``).
+
+    ``announce`` is logged at INFO before measuring, with the path for its
+    ``%s``.  Without a usable cache (a read-only home, a full disk) it
+    measures without caching, with a warning.
+    """
+    directory = path.parent
+    try:
+        with locked(directory / "calibrate.lock"):
+            profile = None
+            if not recalibrate and path.exists():
+                profile = DeviceProfile.from_json(path.read_text(encoding="utf-8"))
+            if profile is None:
+                if announce:
+                    log.info(announce, path)
+                profile = measure()
+                write_atomically(path, profile.to_json())
+            return profile
+    except OSError as error:
+        log.warning("ckpt: cannot use the calibration cache at %s (%s); measuring without it", directory, error)
+        return measure()

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from ckpt.config import cache_dir
-from ckpt.cost_model.cache_files import cpu_model, locked, write_atomically
+from ckpt.cost_model.cache_files import cached_profile, cpu_model
 from ckpt.cost_model.fused_calibration import measure_fused_costs
 from ckpt.cost_model.profiles import DeviceProfile
 from ckpt.cost_model.timing import fastest_seconds
@@ -177,25 +177,16 @@ def cpu_profile(*, recalibrate: bool = False) -> DeviceProfile:
     ``recalibrate=True`` measures everything again, fused kernels included,
     and replaces the cached profile.
     """
-    directory = cache_dir()
-    path = directory / f"cpu-profile-{_machine_key()}.json"
-    try:
-        with locked(directory / "calibrate.lock"):
-            profile = None
-            if not recalibrate and path.exists():
-                profile = DeviceProfile.from_json(path.read_text(encoding="utf-8"))
-            if profile is None:
-                if recalibrate:
-                    log.info("ckpt: calibrating the cpu profile with fused kernels (about ten seconds)")
-                else:
-                    log.info(
-                        "ckpt: calibrating the cpu profile (about a second, once; cached at %s). "
-                        "`python -m ckpt calibrate` also times fused kernels on this machine",
-                        path,
-                    )
-                profile = calibrate_cpu(fused=recalibrate)
-                write_atomically(path, profile.to_json())
-            return profile
-    except OSError as error:  # read-only home, full disk: measure without caching
-        log.warning("ckpt: cannot use the calibration cache at %s (%s); measuring without it", directory, error)
-        return calibrate_cpu(fused=recalibrate)
+    if recalibrate:
+        announce = "ckpt: calibrating the cpu profile with fused kernels (about ten seconds; cached at %s)"
+    else:
+        announce = (
+            "ckpt: calibrating the cpu profile (about a second, once; cached at %s). "
+            "`python -m ckpt calibrate` also times fused kernels on this machine"
+        )
+    return cached_profile(
+        cache_dir() / f"cpu-profile-{_machine_key()}.json",
+        lambda: calibrate_cpu(fused=recalibrate),
+        recalibrate=recalibrate,
+        announce=announce,
+    )

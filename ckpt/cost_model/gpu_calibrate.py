@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from ckpt.config import cache_dir
-from ckpt.cost_model.cache_files import locked, write_atomically
+from ckpt.cost_model.cache_files import cached_profile
 from ckpt.cost_model.profiles import DeviceProfile
 from ckpt.cost_model.timing import device_seconds
 
@@ -141,18 +141,16 @@ def _key(device: torch.device) -> str:
     return hashlib.sha256(f"{text}|v{_FORMAT_VERSION}".encode()).hexdigest()[:16]
 
 
-def gpu_profile(device: torch.device, *, directory: Path | None = None) -> DeviceProfile:
-    """The cached profile of the GPU ``device``, measuring it on first use (see the module)."""
+def gpu_profile(device: torch.device, *, directory: Path | None = None, recalibrate: bool = False) -> DeviceProfile:
+    """The cached profile of the GPU ``device``, measuring it on first use (see the module).
+
+    ``recalibrate=True`` measures it again and replaces the cached profile.
+    """
     directory = cache_dir() if directory is None else directory
-    path = directory / f"gpu-profile-{_key(device)}.json"
-    try:
-        with locked(directory / "calibrate.lock"):
-            profile = DeviceProfile.from_json(path.read_text(encoding="utf-8")) if path.exists() else None
-            if profile is None:
-                log.info("ckpt: measuring the %s (about a second, once; cached at %s)", _device_name(device), path)
-                profile = calibrate_gpu(device)
-                write_atomically(path, profile.to_json())
-            return profile
-    except OSError as error:  # read-only home, full disk: measure without caching
-        log.warning("ckpt: cannot use the calibration cache at %s (%s); measuring without it", directory, error)
-        return calibrate_gpu(device)
+    announce = f"ckpt: measuring the {_device_name(device)} (about a second, once; cached at %s)"
+    return cached_profile(
+        directory / f"gpu-profile-{_key(device)}.json",
+        lambda: calibrate_gpu(device),
+        recalibrate=recalibrate,
+        announce=announce,
+    )

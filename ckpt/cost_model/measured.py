@@ -264,11 +264,14 @@ def library_calls(
 
 def _materialise(value: Any, generator_for: Callable[[torch.device], torch.Generator]) -> Any:
     if isinstance(value, _TensorSpec):
-        base = torch.empty(max(value.storage_elements, 1), dtype=value.dtype, device=value.device)
+        elements = max(value.storage_elements, 1)
         if value.dtype.is_floating_point or value.dtype.is_complex:
-            base.uniform_(-1.0, 1.0, generator=generator_for(value.device))
+            # float8 and other narrow types have no uniform_: draw in float32 and convert
+            draw = value.dtype if value.dtype.itemsize >= 2 else torch.float32
+            base = torch.empty(elements, dtype=draw, device=value.device)
+            base = base.uniform_(-1.0, 1.0, generator=generator_for(value.device)).to(value.dtype)
         else:
-            base.zero_()  # indices and masks: zero is valid everywhere
+            base = torch.zeros(elements, dtype=value.dtype, device=value.device)  # indices, masks: zero is valid
         return base.as_strided(value.shape, value.stride, value.offset)
     if isinstance(value, (list, tuple)):
         return type(value)(_materialise(v, generator_for) for v in value)

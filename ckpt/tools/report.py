@@ -61,6 +61,7 @@ class RecomputedValue:
     flops: int
     library_call: bool  # a matmul, convolution or attention kernel, not a fused pointwise op
     source: str
+    timed: bool = False  # a library call whose cost was measured on the device, not its roofline
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,10 @@ class GraphReport:
     backward_only: int = 0  # values the backward computes anyway, at no extra cost
     peak: dict[str, Any] | None = None  # the plan's predicted peak (ckpt.partitioner.peak_analysis.describe)
     regions: tuple[RegionRow, ...] = ()  # per-module budgets, with the rest of the graph's cap last
+    profile: str = ""  # the device profile's name
+    profile_source: str = ""  # where its rates come from
+    library_calls: int = 0  # the graph's library-call nodes
+    timed_calls: int = 0  # of those, the ones priced by a time measured on the device
 
 
 def describe_value(node: fx.Node) -> dict[str, Any]:
@@ -240,6 +245,7 @@ def _recomputed_rows(analysis: JointAnalysis, recomputed: tuple[int, ...]) -> tu
                 int(estimate.flops) if estimate is not None else 0,
                 estimate is not None and estimate.kind is OpKind.EXTERN,
                 _source(node, info),
+                node.name in analysis.measured_seconds,
             )
         )
     return tuple(rows), free
@@ -273,6 +279,10 @@ def graph_report(record: PartitionRecord) -> GraphReport:
         backward_only=free,
         peak=None if record.peak is None else describe(record.peak),
         regions=_region_rows(record),
+        profile=record.profile.name,
+        profile_source=record.profile.source,
+        library_calls=sum(1 for e in analysis.estimates.values() if e.kind is OpKind.EXTERN),
+        timed_calls=len(analysis.measured_seconds),
     )
 
 
@@ -352,6 +362,8 @@ def _graph_markdown(g: GraphReport, max_rows: int | None) -> list[str]:
         f"Budget {g.budget} ({cap}). Solver {s.solver}, {'optimal' if s.optimal else 'best found'}, "
         f"{s.solve_seconds * 1e3:.1f} ms, {s.cuts} cuts, {s.search_nodes} search nodes.",
         f"lambda = {lam}: {s.lambda_note}.",
+        f"Costs: the {g.profile} profile; {g.timed_calls} of {g.library_calls} library calls timed on the device "
+        "(the rest at their roofline time).",
         "",
         "Predicted totals:",
         "",
@@ -390,7 +402,7 @@ def _graph_markdown(g: GraphReport, max_rows: int | None) -> list[str]:
         "",
     ]
     rows = [
-        [r.name, r.op, "x".join(r.shape) or "-", format_ps(r.cost_ps), short_source(r.source)]
+        [r.name, r.op, "x".join(r.shape) or "-", format_ps(r.cost_ps) + " (timed)" * r.timed, short_source(r.source)]
         for r in sorted(g.recomputed, key=lambda r: -r.cost_ps)
     ]
     if rows:
