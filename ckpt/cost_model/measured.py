@@ -66,7 +66,7 @@ import torch.utils._pytree as pytree
 from ckpt import _torch_compat as compat
 from ckpt.config import cache_dir
 from ckpt.cost_model.cache_files import cpu_model, locked, write_atomically
-from ckpt.cost_model.node_cost import NodeEstimate, SizeEvaluator
+from ckpt.cost_model.node_cost import NodeEstimate, SizeEvaluator, storage_bytes_expr, tensor_values
 from ckpt.cost_model.ops import OpKind
 from ckpt.cost_model.profiles import DeviceProfile
 from ckpt.cost_model.timing import device_seconds
@@ -144,9 +144,11 @@ class _Unmeasurable(Exception):
 def _concrete(value: Any, sizes: SizeEvaluator) -> Any:
     if isinstance(value, torch.SymInt):
         expr = value.node.expr
-        if not expr.is_Integer and any(s not in sizes.hints for s in expr.free_symbols):
+        if expr.is_Integer:
+            return int(expr)
+        if any(s not in sizes.hints for s in expr.free_symbols):
             raise _Unmeasurable(f"a size without a hint ({expr})")
-        return sizes(expr if not expr.is_Integer else int(expr))
+        return sizes(expr)
     if isinstance(value, (torch.SymFloat, torch.SymBool)):
         raise _Unmeasurable("a symbolic scalar argument")
     return value
@@ -173,9 +175,9 @@ def _argument(value: Any, sizes: SizeEvaluator) -> Any:
         raise _Unmeasurable("a constant tensor argument")
     if isinstance(value, (list, tuple)):
         return type(value)(_argument(v, sizes) for v in value)
-    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout)):
-        return value
-    if isinstance(value, torch.memory_format):
+    if value is None or isinstance(
+        value, (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+    ):
         return value
     raise _Unmeasurable(f"an argument of type {type(value).__name__}")
 
@@ -228,12 +230,7 @@ def call_signature(node: fx.Node, sizes: SizeEvaluator, channels_last: bool = Fa
         return None
     text = f"{target}(" + ",".join(_text(a) for a in args)
     text += "".join(f",{k}={_text(v)}" for k, v in sorted(kwargs.items())) + ")"
-    outputs = [v for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
-    try:
-        output_bytes = sum(_spec(v, sizes).storage_elements * v.dtype.itemsize for v in outputs)
-    except _Unmeasurable as reason:
-        log.debug("ckpt: not timing %s: its output has %s", node.name, reason)
-        return None
+    output_bytes = sizes(sum((storage_bytes_expr(v) for v in tensor_values(node.meta.get("val"))), 0))
     return MeasuredCall(text, target, args, kwargs, device, output_bytes)
 
 
@@ -321,12 +318,15 @@ def measure_calls(
     """
     measured: dict[str, float] = {}
     failures: list[str] = []
+    limits: dict[torch.device, int] = {}
     started = time.perf_counter()
     for call in sorted(calls, key=lambda c: (-c.roofline_seconds, c.signature)):
         if time.perf_counter() - started >= seconds:
             log.info("ckpt: measuring time is up after %d library calls; the rest keep the roofline", len(measured))
             break
-        limit = _byte_limit(call.device)
+        if call.device not in limits:
+            limits[call.device] = _byte_limit(call.device)
+        limit = limits[call.device]
         if call.tensor_bytes > limit:
             log.debug("ckpt: not timing %s: its tensors exceed %d bytes", call.signature, limit)
             continue
