@@ -67,7 +67,7 @@ from ckpt import _torch_compat as compat
 from ckpt.config import cache_dir
 from ckpt.cost_model.cache_files import cpu_model, locked, write_atomically
 from ckpt.cost_model.node_cost import NodeEstimate, SizeEvaluator, storage_bytes_expr, tensor_values
-from ckpt.cost_model.ops import OpKind
+from ckpt.cost_model.ops import OpKind, classify
 from ckpt.cost_model.profiles import DeviceProfile
 from ckpt.cost_model.timing import device_seconds
 
@@ -206,13 +206,17 @@ def _channels_last(value: Any) -> Any:
 def call_signature(node: fx.Node, sizes: SizeEvaluator, channels_last: bool = False) -> MeasuredCall | None:
     """The call ``node`` makes, as data that can be timed and a key for the cache; None if it cannot be timed.
 
+    Only library calls are timed (:func:`ckpt.cost_model.ops.classify`): that
+    leaves out mutations and ops that draw random numbers, while attention
+    without dropout, whose schema is tagged as seeded, is timed.
+
     ``channels_last``: Inductor runs this graph's convolutions on channels-last
     tensors (its layout optimisation), so they are timed that way.
     """
     target = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
-        return None
-    if target.namespace != "aten" or target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags:
+    if classify(node) is not OpKind.EXTERN or not isinstance(target, torch._ops.OpOverload):
+        return None  # mutations and random draws are other kinds (attention without dropout is a library call)
+    if target.namespace != "aten":
         return None
     try:
         args = tuple(_argument(a, sizes) for a in node.args)
