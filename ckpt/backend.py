@@ -406,9 +406,9 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         if guarded.raises_peak:
             warnings.warn(
                 f"ckpt: graph {name!r}: memory budget {self.config.budget} lowers saved activations but raises the "
-                f"predicted peak to {guarded.search.prediction.peak_bytes} bytes, from {guarded.free_peak} bytes "
-                "without a budget, and no plan within the budget avoids it; to bound what runs out, "
-                "set CKPT_PEAK_MEMORY",
+                f"predicted peak to {guarded.search.prediction.peak_bytes} bytes, above the "
+                f"{guarded.reference_peak} bytes of a plan at a larger budget (or none), and no plan found within "
+                "the budget avoids it; to bound what runs out, set CKPT_PEAK_MEMORY",
                 PeakWarning,
                 stacklevel=4,
             )

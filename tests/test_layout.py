@@ -40,6 +40,7 @@ PLAIN_DATA = [
     "exhaustive",
     "peak",
     "peak_search",
+    "segments",
     "regional",
 ]
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from ckpt.measure import peak_memory
 from ckpt.partitioner.peak import Materialise, PeakGraph, simulate_peak
-from ckpt.partitioner.peak_search import PEAK_RESOLUTION, budget_peak, cap_peak, lowest_peak_within
+from ckpt.partitioner.peak_search import PEAK_RESOLUTION, REFERENCE_RUNGS, budget_peak, cap_peak, lowest_peak_within
 from ckpt.partitioner.plan import Plan
 from ckpt.partitioner.problem import Problem
 from ckpt.partitioner.solver import solve
@@ -279,19 +279,27 @@ def test_budget_alone_takes_the_lowest_peak_among_equally_fast_plans() -> None:
     assert result.prediction.peak_bytes <= predicted(graph, plain)
 
 
-@given(layers=st.integers(2, 14), budget=st.integers(0, 140))
-def test_a_budget_never_raises_the_peak_above_no_budget_unless_it_says_so(layers, budget) -> None:
+@given(layers=st.integers(2, 14), budget=st.integers(0, 140), smaller=st.integers(0, 140))
+def test_a_budget_never_raises_the_peak_above_larger_budgets_unless_it_says_so(layers, budget, smaller) -> None:
     problem, graph = chain_problem(layers)
     solve_pinned = solver_for(problem)
     free = budget_peak(problem, graph, solve_pinned, None, slack=0)
     result = budget_peak(problem, graph, solve_pinned, budget, slack=0)
-    assert result.free_peak == free.search.prediction.peak_bytes
     assert result.search.prediction.peak_bytes == predicted(graph, result.search.plan)
+    # The reference is the lowest peak of the plan without a budget and of the plans at larger budgets.
+    assert result.reference_peak <= free.search.prediction.peak_bytes
+    for fraction in REFERENCE_RUNGS:
+        rung = int(free.search.plan.bytes * fraction)
+        if rung > budget:
+            assert result.reference_peak <= predicted(graph, solve(problem, rung))
     fits = solve(problem, budget).bytes <= budget
     if fits:
         assert result.search.plan.bytes <= budget
     if not result.raises_peak:
-        assert result.search.prediction.peak_bytes <= result.free_peak * (1 + PEAK_RESOLUTION)
+        assert result.search.prediction.peak_bytes <= result.reference_peak * (1 + PEAK_RESOLUTION)
+    # A smaller budget is held to a reference no higher than a larger budget's.
+    lower = budget_peak(problem, graph, solve_pinned, min(budget, smaller), slack=0)
+    assert lower.reference_peak <= result.reference_peak
 
 
 @given(

@@ -1,4 +1,4 @@
-"""Plans that bound the step's peak: a greedy repair walk over the exact solver.
+"""Plans that bound the step's peak: segment cuts and a greedy repair walk over the exact solver.
 
 The solver minimises time under a cap on *saved* bytes; what runs out of
 memory is the *peak* (:mod:`ckpt.partitioner.peak`).  The two are related but
@@ -16,17 +16,24 @@ boundaries itself:
    chooses what else to drop to stay within the budget), and repeat.
 
 Each step pins one more value, so the walk is a fixed sequence of plans for a
-given problem and budget, whatever the cap.  :func:`cap_peak` stops at the
-first plan whose peak is within the cap (along the walk time only grows, so
-it is also the fastest found), which makes the predicted peak monotone in the
-cap: a smaller cap walks further.  :func:`lowest_peak_within` is the
+given problem and budget.  Under a tight budget one pin at a time is not
+enough: a single boundary barely lowers the peak while the others are missing,
+so the walk prefers a large value instead.  The segment plans fill that gap:
+the forward cut into 2, 3, 4, ... segments at its cheapest frontiers
+(:mod:`ckpt.partitioner.segments`), each set of cuts pinned at once.
+
+:func:`cap_peak` takes the fastest plan within the cap among the segment
+plans and the walk's (the walk stops at its first plan within the cap, since
+its plans only get slower), which keeps the predicted peak monotone in the
+cap: a smaller cap searches further.  :func:`lowest_peak_within` is the
 tie-break under a budget alone: among the walk's plans within the budget and
 a time limit (the 1% slack), the lowest peak.  :func:`budget_peak` adds the
-guard that makes a budget never raise the peak while it can avoid it: if the
-tie-break's plan peaks above the plan without a budget, the first plan of a
-capped walk that does not.  The walk stops when no alive value lowers
-the peak, when the peak is in the forward (saving more cannot lower it), when
-pinned values alone exceed the budget, or after ``max_steps``.
+guard that makes a smaller budget not raise the peak while it can avoid it:
+if the tie-break's plan peaks above the plans at larger budgets (a fixed
+ladder of them, and no budget), the fastest plan of the capped search that
+does not.  The walk stops when no alive value lowers the peak, when the peak
+is in the forward (saving more cannot lower it), when pinned values alone
+exceed the budget, or after ``max_steps``.
 
 Plain data only: the solver is passed in as a function.
 """
@@ -40,15 +47,18 @@ from dataclasses import dataclass
 from ckpt.partitioner.peak import PeakGraph, PeakPrediction, predict_plan, simulate_peak
 from ckpt.partitioner.plan import Plan
 from ckpt.partitioner.problem import Problem, recompute_closure
+from ckpt.partitioner.segments import segment_pin_sets
 
 __all__ = [
     "BudgetPeakResult",
     "PeakSearchResult",
     "SolveFn",
+    "REFERENCE_RUNGS",
     "budget_peak",
     "cap_peak",
     "lowest_peak_within",
     "peak_walk",
+    "segment_plans",
 ]
 
 log = logging.getLogger(__name__)
@@ -110,8 +120,9 @@ def peak_walk(
     budget_bytes: int | None,
     peak_cap: int | None = None,
     max_steps: int = MAX_STEPS,
+    pinned: frozenset[int] = frozenset(),
 ) -> Iterator[tuple[Plan, PeakPrediction]]:
-    """The walk's plans and their predicted peaks, starting with the solver's own plan.
+    """The walk's plans and their predicted peaks, starting with the solver's own plan (``pinned`` saved).
 
     With ``peak_cap``, a plan whose peak no pin lowers (it is in the forward,
     or what is alive there is saved) is answered by a tighter byte budget,
@@ -119,7 +130,6 @@ def peak_walk(
     peak is in the forward, less a quarter of it when in the backward (where
     dropping a saved value may add recompute working set, so step gently).
     """
-    pinned: frozenset[int] = frozenset()
     budget = budget_bytes
     plan = solve_fn(budget, pinned)
     prediction = predict_plan(graph, plan)
@@ -153,40 +163,89 @@ def _within_budget(plan: Plan, budget_bytes: int | None) -> bool:
     return not plan.over_regions and (budget_bytes is None or plan.bytes <= budget_bytes)
 
 
+@dataclass(frozen=True)
+class _Candidate:
+    plan: Plan
+    prediction: PeakPrediction
+    pins: frozenset[int]  # what the plan was solved with
+
+
+def segment_plans(problem: Problem, graph: PeakGraph, solve_fn: SolveFn, budget_bytes: int | None) -> list[_Candidate]:
+    """The solver's plans with the forward cut into segments (:mod:`ckpt.partitioner.segments`), fewest cuts first.
+
+    A pin set whose bytes alone exceed the budget is skipped; the first plan
+    over the budget (pins and what must be saved anyway) ends the list, as
+    more segments only pin more.
+    """
+    plans: list[_Candidate] = []
+    for pins in segment_pin_sets(problem, graph):
+        if budget_bytes is not None and sum(problem.save_bytes[i] for i in pins) > budget_bytes:
+            continue
+        plan = solve_fn(budget_bytes, pins)
+        if not _within_budget(plan, budget_bytes):
+            break
+        plans.append(_Candidate(plan, predict_plan(graph, plan), pins))
+    return plans
+
+
 def cap_peak(
     problem: Problem, graph: PeakGraph, solve_fn: SolveFn, budget_bytes: int | None, peak_cap: int
 ) -> PeakSearchResult:
-    """The first plan of the walk whose predicted peak is within ``peak_cap`` (and the budget).
+    """The fastest plan found whose predicted peak is within ``peak_cap`` (and the budget).
 
-    If no plan of the walk is, the plan with the lowest peak (the earliest
-    among equals) among those within the budget, if any is, with
-    ``within_cap`` false: the budget is kept before the peak is lowered.
+    The candidates, in this order:
+
+    1. the segment plans (a few boundaries saved at once, :func:`segment_plans`);
+    2. the walk's plans (one pin at a time) from the solver's own plan;
+    3. if neither reached the cap, the walk's plans from the segment plan with
+       the lowest peak (its boundaries kept pinned).
+
+    A walk stops at its first plan within the cap, or once its plans are no
+    faster than the fastest candidate within the cap (a walk only adds
+    constraints).  If no plan is within the cap, the plan with the lowest
+    peak (the fastest among equals) among those within the budget, if any is,
+    with ``within_cap`` false: the budget is kept before the peak is lowered.
     """
-    start: int | None = None
-    lowest: tuple[Plan, PeakPrediction] | None = None
+    candidates = segment_plans(problem, graph, solve_fn, budget_bytes)
+    fits = [c for c in candidates if c.prediction.peak_bytes <= peak_cap]
+    best = min(fits, key=lambda c: (c.plan.time, c.prediction.peak_bytes)) if fits else None
+    starts = [frozenset[int]()]
+    if best is None and candidates:
+        starts.append(min(candidates, key=lambda c: (c.prediction.peak_bytes, c.plan.time)).pins)
+    start_peak: int | None = None
     steps = -1
-    for plan, prediction in peak_walk(problem, graph, solve_fn, budget_bytes, peak_cap):
-        steps += 1
-        if start is None:
-            start = prediction.peak_bytes
-        within_budget = _within_budget(plan, budget_bytes)
-        if prediction.peak_bytes <= peak_cap and within_budget:
-            low = min(prediction.peak_bytes, lowest[1].peak_bytes if lowest else prediction.peak_bytes)
-            return PeakSearchResult(plan, prediction, True, start, low, steps)
-        if lowest is None or _better_fallback(plan, prediction, lowest, budget_bytes):
-            lowest = (plan, prediction)
-    assert lowest is not None and start is not None
-    return PeakSearchResult(lowest[0], lowest[1], False, start, lowest[1].peak_bytes, steps)
+    for pins in starts:
+        if best is not None:
+            break
+        for plan, prediction in peak_walk(problem, graph, solve_fn, budget_bytes, peak_cap, pinned=pins):
+            steps += 1
+            if start_peak is None:
+                start_peak = prediction.peak_bytes
+            if best is not None and plan.time >= best.plan.time:
+                break
+            candidate = _Candidate(plan, prediction, pins)
+            if prediction.peak_bytes <= peak_cap and _within_budget(plan, budget_bytes):
+                best = candidate
+                break
+            candidates.append(candidate)
+    if start_peak is None:  # a segment plan was within the cap, so no walk ran
+        start_peak = predict_plan(graph, solve_fn(budget_bytes, frozenset())).peak_bytes
+    if best is not None:
+        low = min([best.prediction.peak_bytes] + [c.prediction.peak_bytes for c in candidates])
+        return PeakSearchResult(best.plan, best.prediction, True, start_peak, low, steps)
+    lowest = candidates[0]
+    for candidate in candidates[1:]:
+        if _better_fallback(candidate, lowest, budget_bytes):
+            lowest = candidate
+    return PeakSearchResult(lowest.plan, lowest.prediction, False, start_peak, lowest.prediction.peak_bytes, steps)
 
 
-def _better_fallback(
-    plan: Plan, prediction: PeakPrediction, current: tuple[Plan, PeakPrediction], budget_bytes: int | None
-) -> bool:
-    """Within the budget beats over it; then the lower peak wins."""
-    within, current_within = _within_budget(plan, budget_bytes), _within_budget(current[0], budget_bytes)
+def _better_fallback(candidate: _Candidate, current: _Candidate, budget_bytes: int | None) -> bool:
+    """Within the budget beats over it; then the lower peak wins, then the faster plan."""
+    within, current_within = _within_budget(candidate.plan, budget_bytes), _within_budget(current.plan, budget_bytes)
     if within != current_within:
         return within
-    return prediction.peak_bytes < current[1].peak_bytes
+    return (candidate.prediction.peak_bytes, candidate.plan.time) < (current.prediction.peak_bytes, current.plan.time)
 
 
 def lowest_peak_within(
@@ -225,27 +284,36 @@ def lowest_peak_within(
 
 @dataclass(frozen=True)
 class BudgetPeakResult:
-    """The plan under a budget alone, and the peak without a budget it is held to."""
+    """The plan under a budget alone, and the peak it is held to."""
 
     search: PeakSearchResult
-    free_peak: int  # predicted peak of the plan chosen without a budget (tie-break applied)
-    raises_peak: bool  # no plan found within the budget peaks at or below ``free_peak``
+    reference_peak: int  # the lowest predicted peak of the plans at larger budgets (no budget included)
+    raises_peak: bool  # no plan found within the budget peaks at or below ``reference_peak``
+
+
+# The larger budgets a budget's peak is compared with: these fractions of what the plan
+# without a budget saves (each is one solve and one peak simulation, and only budgets
+# below them pay for them).
+REFERENCE_RUNGS = (0.5, 0.25, 0.125, 0.0625)
 
 
 def budget_peak(
     problem: Problem, graph: PeakGraph, solve_fn: SolveFn, budget_bytes: int | None, slack: int
 ) -> BudgetPeakResult:
-    """The budget-alone rule: a budget lowers saved bytes without raising the peak, where it can.
+    """The budget-alone rule: a smaller budget lowers saved bytes without raising the peak, where it can.
 
     1. The tie-break: among the walk's plans within the budget and within
        ``slack`` picoseconds of the fastest, the lowest peak.
-    2. The guard: the same tie-break without a budget gives the free peak.
-       If the plan of step 1 peaks higher (by more than ``PEAK_RESOLUTION``),
-       the first plan of the walk capped at the free peak and within the
-       budget replaces it, whatever its time: a smaller budget then never
-       gives a higher predicted peak than no budget.  If the capped walk finds
-       no such plan, the lower of the two peaks is kept and ``raises_peak``
-       says so.
+    2. The reference: the lowest predicted peak among the plan without a
+       budget (its tie-break applied) and the solver's plans at the larger
+       budgets of a fixed ladder (:data:`REFERENCE_RUNGS` of what the plan
+       without a budget saves).  The ladder is the same for every budget, so
+       a smaller budget is held to a reference no higher than a larger one's.
+    3. The guard: if the plan of step 1 peaks above the reference (by more
+       than ``PEAK_RESOLUTION``), the fastest plan the capped search
+       (:func:`cap_peak`) finds within the budget and at or below the
+       reference replaces it, whatever its time.  If there is none, the lower
+       of the two peaks is kept and ``raises_peak`` says so.
     """
 
     def tie_break(budget: int | None) -> PeakSearchResult:
@@ -255,19 +323,25 @@ def budget_peak(
     result = tie_break(budget_bytes)
     if budget_bytes is None:
         return BudgetPeakResult(result, result.prediction.peak_bytes, False)
-    free_peak = tie_break(None).prediction.peak_bytes
-    limit = free_peak * (1 + PEAK_RESOLUTION)
+    free = tie_break(None)
+    reference = free.prediction.peak_bytes
+    for fraction in REFERENCE_RUNGS:
+        rung = int(free.plan.bytes * fraction)
+        if rung <= budget_bytes:
+            break
+        reference = min(reference, predict_plan(graph, solve_fn(rung, frozenset())).peak_bytes)
+    limit = reference * (1 + PEAK_RESOLUTION)
     if result.prediction.peak_bytes <= limit:
-        return BudgetPeakResult(result, free_peak, False)
-    capped = cap_peak(problem, graph, solve_fn, budget_bytes, free_peak)
+        return BudgetPeakResult(result, reference, False)
+    capped = cap_peak(problem, graph, solve_fn, budget_bytes, reference)
     log.debug(
-        "budget raised the peak to %d bytes above %d; capped walk reached %d",
+        "budget raised the peak to %d bytes above %d; capped search reached %d",
         result.prediction.peak_bytes,
-        free_peak,
+        reference,
         capped.prediction.peak_bytes,
     )
     if capped.within_cap:
-        return BudgetPeakResult(capped, free_peak, False)
+        return BudgetPeakResult(capped, reference, False)
     lower = _within_budget(capped.plan, budget_bytes) and capped.prediction.peak_bytes < result.prediction.peak_bytes
     best = capped if lower else result
-    return BudgetPeakResult(best, free_peak, best.prediction.peak_bytes > limit)
+    return BudgetPeakResult(best, reference, best.prediction.peak_bytes > limit)
