@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ckpt.backend import CkptPartitioner, PeakWarning
+from ckpt.config import CkptConfig, parse_budget
 from ckpt.measure import peak_memory
 from ckpt.partitioner.peak import Materialise, PeakGraph, simulate_peak
+from ckpt.partitioner.peak_analysis import build_peak_graph, predict_plan
 from ckpt.partitioner.peak_search import PEAK_RESOLUTION, REFERENCE_RUNGS, budget_peak, cap_peak, lowest_peak_within
 from ckpt.partitioner.plan import Plan
 from ckpt.partitioner.problem import Problem
 from ckpt.partitioner.solver import solve
+from tests.joint import TEST_PROFILE, trace_joint
 
 B, F, X = Materialise.BUFFER, Materialise.FUSIBLE, Materialise.FREE
 
@@ -325,3 +331,43 @@ def test_cap_search_keeps_the_cap_or_says_so_and_is_monotone(layers, budget, cap
                 assert result.plan.bytes <= budget
         peaks.append(result.prediction.peak_bytes)
     assert peaks == sorted(peaks, reverse=True)
+
+
+class _ResidualBlock(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class _ResidualStack(torch.nn.Module):
+    def __init__(self, width: int = 64, depth: int = 8) -> None:
+        super().__init__()
+        self.blocks = torch.nn.Sequential(*[_ResidualBlock(width) for _ in range(depth)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x).square().mean()
+
+
+def test_lower_budgets_do_not_raise_the_planned_peak_on_a_residual_stack_or_warn() -> None:
+    torch.manual_seed(0)
+    joint = trace_joint(_ResidualStack(), torch.randn(256, 64))
+    graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    peaks: dict[str, int] = {}
+    warned: dict[str, list[str]] = {}
+    for budget in ("none", "0.75", "0.5", "0.25", "0.1", "0"):
+        partitioner = CkptPartitioner(CkptConfig(budget=parse_budget(budget)), TEST_PROFILE)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            plan, *_ = partitioner.plan("stack", joint.analysis, graph)
+        peaks[budget] = predict_plan(graph, plan).peak_bytes
+        warned[budget] = [str(w.message) for w in caught if issubclass(w.category, PeakWarning)]
+    ladder = [peaks[b] for b in ("none", "0.75", "0.5", "0.25", "0.1")]
+    assert all(lower <= higher * (1 + PEAK_RESOLUTION) for higher, lower in zip(ladder, ladder[1:])), peaks
+    assert not any(warned[b] for b in ("none", "0.75", "0.5", "0.25", "0.1")), warned
+    # At 0 the whole forward is recomputed and alive again: the peak rises, and ckpt says so.
+    assert peaks["0"] > peaks["0.1"]
+    (message,) = warned["0"]
+    assert str(peaks["0"]) in message and "CKPT_PEAK_MEMORY" in message
