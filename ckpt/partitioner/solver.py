@@ -71,7 +71,13 @@ class _Relaxation:
 
 
 class _Cutter:
-    """Runs priced min cuts on one problem and counts them."""
+    """Runs priced min cuts on one problem and counts them.
+
+    The same cut comes back within one solve (the slack step starts with the
+    price search's first cuts again), so answers are remembered by price and
+    constraints.  A remembered cut still counts as a cut and as its work: the
+    work limit, and so the plan, stays what it was without the memo.
+    """
 
     def __init__(self, problem: Problem) -> None:
         self.problem = problem
@@ -79,6 +85,7 @@ class _Cutter:
         self.scale = problem.total_bytes + 1
         self.cuts = 0
         self.work = 0
+        self._answers: dict[tuple[int, int, frozenset[int], frozenset[int]], _Point | None] = {}
         m = self.scale
         self._save_key = [t * m + b for t, b in zip(problem.save_time, problem.save_bytes)]
         self._recompute_key = [t * m + b for t, b in zip(problem.recompute_time, problem.recompute_bytes)]
@@ -91,11 +98,14 @@ class _Cutter:
     def cut(self, alpha: int, beta: int, force: frozenset[int], forbid: frozenset[int]) -> _Point | None:
         self.cuts += 1
         self.work += self.network.num_edges
-        problem = self.problem
-        save_cost = [alpha * k + beta * b for k, b in zip(self._save_key, problem.save_bytes)]
-        recompute_cost = [alpha * k + beta * b for k, b in zip(self._recompute_key, problem.recompute_bytes)]
-        saved = self.network.saved_set(save_cost, recompute_cost, force_saved=force, forbid_saved=forbid)
-        return None if saved is None else self.point(saved)
+        key = (alpha, beta, force, forbid)
+        if key not in self._answers:
+            problem = self.problem
+            save_cost = [alpha * k + beta * b for k, b in zip(self._save_key, problem.save_bytes)]
+            recompute_cost = [alpha * k + beta * b for k, b in zip(self._recompute_key, problem.recompute_bytes)]
+            saved = self.network.saved_set(save_cost, recompute_cost, force_saved=force, forbid_saved=forbid)
+            self._answers[key] = None if saved is None else self.point(saved)
+        return self._answers[key]
 
     def key_and_bytes(self, saved: frozenset[int]) -> tuple[int, int]:
         point = self.point(saved)
