@@ -254,6 +254,39 @@ def _last_uses(index: GraphIndex, phase: PhaseOrder, buffers: bytearray, availab
     return last_use
 
 
+def _lifetimes(
+    phase: PhaseOrder, buffers: bytearray, start: Iterable[int], keep: bytearray, last_use: dict[int, int]
+) -> list[tuple[int, int, int]]:
+    """When each buffer is alive: ``(first, last, value)``, counted at positions ``first`` to ``last``.
+
+    A position allocates its value if it is a buffer and not alive, takes the
+    running total, then frees (unless kept) the buffers whose last reader it
+    is, and its own value if nothing reads it later.  Values alive at the
+    start are those of ``start`` that are kept or read.  So a buffer lives
+    from its position (or the start) to its last reader (or the end, if
+    kept); one freed before its own position (a start value the phase also
+    computes) is allocated again there and freed at once.
+    """
+    end = len(phase.order) - 1
+    position = phase.position
+    spans: list[tuple[int, int, int]] = []
+    for b in {b for b in start if keep[b] or b in last_use}:
+        at = position[b] if buffers[b] else -1
+        if keep[b]:
+            spans.append((0, end, b))
+            continue
+        last = last_use[b]
+        spans.append((0, last, b))
+        if 0 <= at and last < at:
+            spans.append((at, at, b))
+    started = {span[2] for span in spans}
+    for k, i in enumerate(phase.order):
+        if buffers[i] and i not in started:
+            last = end if keep[i] else last_use.get(i, k)
+            spans.append((k, last if last > k else k, i))
+    return spans
+
+
 def _run(
     graph: PeakGraph,
     index: GraphIndex,
@@ -263,51 +296,24 @@ def _run(
     start: Iterable[int],
     keep: bytearray,
 ) -> _Phase:
-    """Allocate and free along the phase's order; its peak and what is alive there.
+    """The phase's peak, where it happens, and what is alive there.
 
-    Each position allocates its value if it is a buffer, takes the running
-    total, then frees the buffers whose last reader it is (and its own value
-    if nothing reads it later), unless they are kept.  The first pass finds
-    the peak's position; a second, up to it, recovers what is alive there.
+    The running total after each position's allocation is a prefix sum over
+    the buffers' lifetimes; the peak is its first maximum.
     """
-    last_use = _last_uses(index, phase, buffers, available)
     order = phase.order
-    frees: list[list[int]] = [[] for _ in order]
-    for b, at in last_use.items():
-        frees[at].append(b)
     nbytes = graph.bytes
-    start_alive = sorted({b for b in start if keep[b] or b in last_use})
-    start_total = sum(nbytes[b] for b in set(start))
-
-    def walk(stop: int) -> tuple[int, int, bytearray]:
-        alive = bytearray(len(nbytes))
-        for b in start_alive:
-            alive[b] = 1
-        total = sum(nbytes[b] for b in start_alive)
-        peak, at = start_total, -1
-        for position, i in enumerate(order):
-            own = buffers[i]
-            if own and not alive[i]:
-                alive[i] = 1
-                total += nbytes[i]
-            if total > peak or at < 0:
-                peak, at = total, position
-            if position == stop:
-                break
-            for b in frees[position]:
-                if alive[b] and not keep[b]:
-                    alive[b] = 0
-                    total -= nbytes[b]
-            if own and alive[i] and not keep[i] and last_use.get(i, -1) <= position:
-                alive[i] = 0
-                total -= nbytes[i]
-        return peak, at, alive
-
-    peak, at, _ = walk(len(order))
-    if at < 0:  # an empty phase
-        return _Phase(peak, "", ())
-    _, _, alive = walk(at)
-    there = {b for b in itertools.chain(start_alive, order[: at + 1]) if alive[b]}
+    if not order:  # an empty phase: what it starts with
+        return _Phase(sum(nbytes[b] for b in set(start)), "", ())
+    spans = _lifetimes(phase, buffers, start, keep, _last_uses(index, phase, buffers, available))
+    change = [0] * (len(order) + 1)
+    for first, last, b in spans:
+        change[first] += nbytes[b]
+        change[last + 1] -= nbytes[b]
+    totals = list(itertools.accumulate(change[:-1]))
+    peak = max(totals)
+    at = totals.index(peak)
+    there = {b for first, last, b in spans if first <= at <= last}
     largest = sorted(there, key=lambda b: (-nbytes[b], b))
     named = tuple((graph.names[b], nbytes[b]) for b in largest[:8])
     return _Phase(peak, graph.names[order[at]], named, tuple(sorted(there)))

@@ -71,6 +71,9 @@ class GraphIndex:
         self.nbytes = nbytes
         self.backward = backward
         self.inlined = bytearray(k == FUSIBLE or k == RANDOM for k in kinds)
+        # Inputs by kind, for the passes that only follow pointwise values.
+        self.inlined_inputs = [tuple(p for p in preds if self.inlined[p]) for preds in inputs]
+        self.fusible_inputs = [tuple(p for p in preds if kinds[p] == FUSIBLE) for preds in inputs]
         readers: list[list[int]] = [[] for _ in range(n)]
         for i, preds in enumerate(inputs):
             for p in preds:
@@ -138,21 +141,24 @@ class GraphIndex:
         if first == self.n:
             return [i for i in range(self.n) if member[i]]
         inputs = self.inputs
+        anchors = self.backward_base_order[self._base_from(first) :]
+        later = [i for i in extra if i >= first]
+        if later:
+            anchors = tuple(sorted(later + list(anchors)))
         placed = bytearray(self.n)
         order: list[int] = []
-        for i in sorted({i for i in extra if i >= first}.union(self.backward_base_order[self._base_from(first) :])):
+        for i in anchors:
             if placed[i]:
                 continue
             placed[i] = 1
             needed = [i]
-            stack = [p for p in inputs[i] if member[p] and not placed[p]]
+            stack = list(inputs[i])
             while stack:
                 value = stack.pop()
-                if placed[value]:
-                    continue
-                placed[value] = 1
-                needed.append(value)
-                stack.extend(p for p in inputs[value] if member[p] and not placed[p])
+                if member[value] and not placed[value]:
+                    placed[value] = 1
+                    needed.append(value)
+                    stack.extend(inputs[value])
             if len(needed) > 1:
                 needed.sort()
             order.extend(needed)
@@ -192,12 +198,12 @@ class GraphIndex:
         the largest count: small operands (scalars, statistics) are shared by
         unrelated kernels.
         """
-        inputs, kinds = self.inputs, self.kinds
+        fusible_inputs = self.fusible_inputs
         found: set[int] = set()
-        for p in inputs[i]:
-            if position[p] >= 0 and kinds[p] == FUSIBLE:
+        for p in fusible_inputs[i]:
+            if position[p] >= 0:
                 found.add(p)
-                found.update(q for q in inputs[p] if position[q] >= 0 and kinds[q] == FUSIBLE)
+                found.update(q for q in fusible_inputs[p] if position[q] >= 0)
         nbytes = self.nbytes
         largest = max((nbytes[v] for v in found), default=0)
         return [v for v in found if nbytes[v] == largest and largest > 0]
@@ -245,28 +251,27 @@ class GraphIndex:
         own place in the graph.  Chains of pointwise values move together, in
         graph order.
         """
-        inputs, inlined = self.inputs, self.inlined
+        inlined_inputs = self.inlined_inputs
         position = self._positions(order)
         deferred = bytearray(self.n)
         for i in order:
-            for p in inputs[i]:
-                if position[p] >= 0 and inlined[p]:
+            for p in inlined_inputs[i]:
+                if position[p] >= 0:
                     deferred[p] = 1
         placed = bytearray(self.n)
         result: list[int] = []
         for i in order:
             if deferred[i]:
                 continue
-            stack = [p for p in inputs[i] if deferred[p] and not placed[p]]
-            if stack:
-                pending: list[int] = []
-                while stack:
-                    value = stack.pop()
-                    if placed[value]:
-                        continue
+            pending: list[int] = []
+            stack = list(inlined_inputs[i])
+            while stack:
+                value = stack.pop()
+                if deferred[value] and not placed[value]:
                     placed[value] = 1
                     pending.append(value)
-                    stack.extend(p for p in inputs[value] if deferred[p] and not placed[p])
+                    stack.extend(inlined_inputs[value])
+            if pending:
                 pending.sort(key=position.__getitem__)
                 result.extend(pending)
             result.append(i)
