@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckpt.measure import peak_memory
@@ -354,6 +354,7 @@ def graphs_and_plans(draw: st.DrawFn) -> tuple[PeakGraph, list[int], list[int]]:
     return graph, sorted(draw(values)), sorted(draw(values))
 
 
+@settings(max_examples=300, deadline=None)  # an equivalence: worth more examples than the default
 @given(graphs_and_plans())
 def test_the_simulator_predicts_what_the_straightforward_replay_does(case) -> None:
     graph, saved, recomputed = case

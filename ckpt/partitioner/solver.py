@@ -103,7 +103,9 @@ class _Cutter:
             problem = self.problem
             save_cost = [alpha * k + beta * b for k, b in zip(self._save_key, problem.save_bytes)]
             recompute_cost = [alpha * k + beta * b for k, b in zip(self._recompute_key, problem.recompute_bytes)]
-            saved = self.network.saved_set(save_cost, recompute_cost, force_saved=force, forbid_saved=forbid)
+            saved = self.network.saved_set(
+                save_cost, recompute_cost, force_saved=force, forbid_saved=forbid, price=(alpha, beta)
+            )
             self._answers[key] = None if saved is None else self.point(saved)
         return self._answers[key]
 
