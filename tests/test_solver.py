@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 from ckpt.partitioner import Plan, Problem, ProblemError, evaluate, solve, solve_exhaustive
 from ckpt.partitioner.maxflow import INFINITE, FlowNetwork
 from ckpt.partitioner.min_cut import CutNetwork
+from ckpt.partitioner.problem import NearbyPlans
 
 
 def problem(spec: list[tuple], needed: set[str]) -> Problem:
@@ -311,3 +314,25 @@ def test_contracted_warm_started_cuts_match_the_whole_network(p, constraints, pr
         expected = _plain_saved_set(p, save_cost, recompute_cost, force, forbid)
         got = network.saved_set(save_cost, recompute_cost, force_saved=force, forbid_saved=forbid, price=(alpha, beta))
         assert got == expected
+
+
+@settings(max_examples=300, deadline=None)  # an equivalence: worth more examples than the default
+@given(p=problems(), base=st.sets(st.integers(0, 11)), changes=st.lists(st.sets(st.integers(0, 11)), max_size=6))
+def test_nearby_plans_cost_what_evaluate_gives(p, base, changes):
+    """Plans near a base set, evaluated by updating its closure: evaluate's numbers, or its error."""
+    base = frozenset(i for i in base if i < len(p) and p.can_save[i])
+    try:
+        evaluate(p, base)
+    except ProblemError:
+        return
+    nearby = NearbyPlans(p, base)
+    for change in changes:
+        saved = base.symmetric_difference(i for i in change if i < len(p))
+        try:
+            time, memory, _ = evaluate(p, saved)
+        except ProblemError as error:
+            with pytest.raises(ProblemError, match=re.escape(str(error))):
+                nearby.cost(saved)
+        else:
+            assert nearby.cost(saved) == (time, memory)
+    assert nearby.cost(base) == evaluate(p, base)[:2]

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from ckpt.partitioner.min_cut import CutNetwork
 from ckpt.partitioner.plan import Plan, make_plan
-from ckpt.partitioner.problem import Problem, evaluate
+from ckpt.partitioner.problem import NearbyPlans, Problem, evaluate
 from ckpt.partitioner.repair import mix_plans
 
 __all__ = ["WORK_PER_EFFORT", "solve"]
@@ -109,16 +109,22 @@ class _Cutter:
             self._answers[key] = None if saved is None else self.point(saved)
         return self._answers[key]
 
-    def key_and_bytes(self, saved: frozenset[int]) -> tuple[int, int]:
-        point = self.point(saved)
-        return point.key, point.bytes
-
     def mix(self, relaxation: _Relaxation, budget: int) -> _Point | None:
-        """The repair step: a mixed plan between the two hull points, if it beats ``lean``."""
+        """The repair step: a mixed plan between the two hull points, if it beats ``lean``.
+
+        The mixed plans are ``lean`` with parts switched, so they are evaluated
+        from ``lean``'s closure (:class:`NearbyPlans`), not each from scratch.
+        """
         fast, lean = relaxation.fast, relaxation.lean
         assert fast is not None and lean is not None
+        nearby = NearbyPlans(self.problem, lean.saved)
+
+        def key_and_bytes(saved: frozenset[int]) -> tuple[int, int]:
+            time, memory = nearby.cost(saved)
+            return time * self.scale + memory, memory
+
         mixed = mix_plans(
-            self.problem, (fast.saved, fast.recomputed), (lean.saved, lean.recomputed), budget, self.key_and_bytes
+            self.problem, (fast.saved, fast.recomputed), (lean.saved, lean.recomputed), budget, key_and_bytes
         )
         return None if mixed is None else self.point(mixed)
 
