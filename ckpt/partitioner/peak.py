@@ -188,31 +188,35 @@ class _Simulator:
         self._memo[key] = prediction  # most recently used last
         return prediction
 
-    def _simulate(self, saved: frozenset[int], recomputed: frozenset[int]) -> PeakPrediction:
-        graph, index, free = self.graph, self.index, self.free
-        n = len(graph)
+    def _forward(self, saved: frozenset[int]) -> _Phase:
+        index, free = self.index, self.free
         forward = index.forward(saved)
-        keep = bytearray(n)
+        keep = bytearray(len(free))
         buffers = bytearray(forward.buffers)
         for i in itertools.chain(saved, self.forward_outputs):
             keep[i] = 1
             if not free[i]:
                 buffers[i] = 1
         index.add_random_draws(forward, buffers)
-        f_phase = _run(graph, index, forward, buffers, self.nothing, (), keep)
+        return _run(self.graph, index, forward, buffers, self.nothing, (), keep)
 
+    def _backward(self, saved: frozenset[int], recomputed: frozenset[int]) -> _Phase:
+        index, free = self.index, self.free
         backward = index.phase(index.backward_order(recomputed))
         start = {i for i in saved if not free[i]}
         start.update(self.tangents)
-        available = bytearray(n)
+        available = bytearray(len(free))
         for i in start:
             available[i] = 1
         buffers = bytearray(backward.buffers)
         for i in self.gradient_buffers:
             buffers[i] = 1
         index.add_random_draws(backward, buffers)
-        b_phase = _run(graph, index, backward, buffers, available, start, self.gradient_keep)
+        return _run(self.graph, index, backward, buffers, available, start, self.gradient_keep)
 
+    def _simulate(self, saved: frozenset[int], recomputed: frozenset[int]) -> PeakPrediction:
+        f_phase = self._forward(saved)
+        b_phase = self._backward(saved, recomputed)
         if b_phase.peak > f_phase.peak:
             phase_name, top = "backward", b_phase
         else:
@@ -223,13 +227,13 @@ class _Simulator:
             phase=phase_name,
             node=top.node,
             alive=top.alive,
-            saved_bytes=sum(graph.bytes[i] for i in saved if not free[i]),
+            saved_bytes=sum(self.graph.bytes[i] for i in saved if not self.free[i]),
             alive_values=top.values,
         )
 
 
-def _last_uses(index: GraphIndex, phase: PhaseOrder, buffers: bytearray, available: bytearray) -> dict[int, int]:
-    """For each buffer some kernel of the phase reads: the last position whose kernel reads it.
+def _last_uses(index: GraphIndex, phase: PhaseOrder, buffers: bytearray, available: bytearray) -> list[int]:
+    """For each buffer some kernel of the phase reads: the last position whose kernel reads it (else -1).
 
     A kernel reads the buffers among its inputs and, through each inlined
     input, what that input's kernel reads.  One backward pass carries, for
@@ -238,7 +242,7 @@ def _last_uses(index: GraphIndex, phase: PhaseOrder, buffers: bytearray, availab
     order, position = phase.order, phase.position
     inputs, readers = index.inputs, index.readers
     reach = [0] * len(order)  # the last position that reads through order[k] (k itself if a buffer)
-    last_use: dict[int, int] = {}
+    last_use = [-1] * len(buffers)
     for k in range(len(order) - 1, -1, -1):
         value = order[k]
         last = k
@@ -249,13 +253,13 @@ def _last_uses(index: GraphIndex, phase: PhaseOrder, buffers: bytearray, availab
                     last = reach[at]
         reach[k] = last
         for p in inputs[value]:
-            if (buffers[p] or available[p]) and last_use.get(p, -1) < last:
+            if last_use[p] < last and (buffers[p] or available[p]):
                 last_use[p] = last
     return last_use
 
 
 def _lifetimes(
-    phase: PhaseOrder, buffers: bytearray, start: Iterable[int], keep: bytearray, last_use: dict[int, int]
+    phase: PhaseOrder, buffers: bytearray, start: Iterable[int], keep: bytearray, last_use: list[int]
 ) -> list[tuple[int, int, int]]:
     """When each buffer is alive: ``(first, last, value)``, counted at positions ``first`` to ``last``.
 
@@ -270,19 +274,22 @@ def _lifetimes(
     end = len(phase.order) - 1
     position = phase.position
     spans: list[tuple[int, int, int]] = []
-    for b in {b for b in start if keep[b] or b in last_use}:
-        at = position[b] if buffers[b] else -1
+    started: set[int] = set()
+    for b in set(start):
+        if not keep[b] and last_use[b] < 0:
+            continue  # never read: not alive
+        started.add(b)
         if keep[b]:
             spans.append((0, end, b))
             continue
         last = last_use[b]
         spans.append((0, last, b))
+        at = position[b] if buffers[b] else -1
         if 0 <= at and last < at:
             spans.append((at, at, b))
-    started = {span[2] for span in spans}
     for k, i in enumerate(phase.order):
         if buffers[i] and i not in started:
-            last = end if keep[i] else last_use.get(i, k)
+            last = end if keep[i] else last_use[i]
             spans.append((k, last if last > k else k, i))
     return spans
 
@@ -315,8 +322,8 @@ def _run(
     at = totals.index(peak)
     there = {b for first, last, b in spans if first <= at <= last}
     largest = sorted(there, key=lambda b: (-nbytes[b], b))
-    named = tuple((graph.names[b], nbytes[b]) for b in largest[:8])
-    return _Phase(peak, graph.names[order[at]], named, tuple(sorted(there)))
+    top = tuple((graph.names[b], nbytes[b]) for b in largest[:8])
+    return _Phase(peak, graph.names[order[at]], top, tuple(sorted(there)))
 
 
 def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[int]) -> PeakPrediction:

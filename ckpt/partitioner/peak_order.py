@@ -151,6 +151,12 @@ class GraphIndex:
             if placed[i]:
                 continue
             placed[i] = 1
+            for p in inputs[i]:
+                if member[p] and not placed[p]:
+                    break
+            else:  # most values bring nothing in: their inputs are placed or not in the backward
+                order.append(i)
+                continue
             needed = [i]
             stack = list(inputs[i])
             while stack:
@@ -159,8 +165,7 @@ class GraphIndex:
                     placed[value] = 1
                     needed.append(value)
                     stack.extend(inputs[value])
-            if len(needed) > 1:
-                needed.sort()
+            needed.sort()
             order.extend(needed)
         return order
 
@@ -178,7 +183,11 @@ class GraphIndex:
 
     def phase(self, order: list[int]) -> PhaseOrder:
         """The phase that runs ``order`` (in graph dependency order): fused, with its plan-independent buffers."""
-        fused = self._fuse_into_consumers(self._join_sibling_reductions(order))
+        position = self._positions(order)
+        joined = self._join_sibling_reductions(order, position)
+        if joined is not order:
+            position = self._positions(joined)
+        fused = self._fuse_into_consumers(joined, position)
         position = self._positions(fused)
         kinds = self.kinds
         randoms = tuple(v for v in fused if kinds[v] == RANDOM)
@@ -204,55 +213,56 @@ class GraphIndex:
             if position[p] >= 0:
                 found.add(p)
                 found.update(q for q in fusible_inputs[p] if position[q] >= 0)
+        if not found:
+            return []
         nbytes = self.nbytes
-        largest = max((nbytes[v] for v in found), default=0)
-        return [v for v in found if nbytes[v] == largest and largest > 0]
+        largest = max(nbytes[v] for v in found)
+        return [v for v in found if nbytes[v] == largest] if largest > 0 else []
 
-    def _join_sibling_reductions(self, order: list[int]) -> list[int]:
+    def _join_sibling_reductions(self, order: list[int], position: list[int]) -> list[int]:
         """Move each reduction to its last sibling (a reduction over a shared pointwise value).
 
         Inductor computes reductions over the same values in one kernel, so the
         earlier ones wait for the later ones' inputs.  A reduction never moves
-        past a value that reads it.
+        past a value that reads it.  ``position`` is ``order``'s; ``order``
+        itself comes back if nothing moves.
         """
         kinds, readers = self.kinds, self.readers
-        position = self._positions(order)
         reductions = [k for k, v in enumerate(order) if kinds[v] == REDUCTION]
-        if not reductions:
-            return order
-        sources = {k: self._sources(order[k], position) for k in reductions}
+        sources = [self._sources(order[k], position) for k in reductions]
         last_reader: dict[int, int] = {}  # source -> position of the last reduction over it
-        for k in reductions:
-            for s in sources[k]:
-                if last_reader.get(s, -1) < k:
-                    last_reader[s] = k
-        end = len(order)
-        moved: dict[int, list[int]] = {}  # target position -> reductions placed there, in order
-        for k in reductions:
-            last = max((last_reader[s] for s in sources[k]), default=k)
-            first_reader = min((position[r] for r in readers[order[k]] if position[r] >= 0), default=end)
-            target = max(k, min(last, first_reader - 1))
-            moved.setdefault(target, []).append(order[k])
-        if all(len(values) == 1 and values[0] == order[k] for k, values in moved.items()):
+        for k, found in zip(reductions, sources):
+            for s in found:
+                last_reader[s] = k  # positions rise, so the last write is the latest
+        moved: dict[int, list[int]] = {}  # target position -> reductions moved there, in order
+        for k, found in zip(reductions, sources):
+            last = max([last_reader[s] for s in found], default=k)
+            if last <= k:
+                continue
+            first_reader = min([position[r] for r in readers[order[k]] if position[r] >= 0], default=len(order))
+            target = min(last, first_reader - 1)
+            if target > k:
+                moved.setdefault(target, []).append(order[k])
+        if not moved:
             return order
+        gone = {v for values in moved.values() for v in values}
         result: list[int] = []
         for k, v in enumerate(order):
             if k in moved:
                 result.extend(moved[k])
-            if kinds[v] != REDUCTION:
+            if v not in gone:
                 result.append(v)
         return result
 
-    def _fuse_into_consumers(self, order: list[int]) -> list[int]:
+    def _fuse_into_consumers(self, order: list[int], position: list[int]) -> list[int]:
         """``order`` with each pointwise value moved to just before its first consumer in the phase.
 
         Inductor computes a pointwise value inside the kernel of its consumer,
         so it runs (and its inputs stay alive) until that kernel, not at its
         own place in the graph.  Chains of pointwise values move together, in
-        graph order.
+        graph order.  ``position`` is ``order``'s.
         """
         inlined_inputs = self.inlined_inputs
-        position = self._positions(order)
         deferred = bytearray(self.n)
         for i in order:
             for p in inlined_inputs[i]:
@@ -263,6 +273,13 @@ class GraphIndex:
         for i in order:
             if deferred[i]:
                 continue
+            for p in inlined_inputs[i]:
+                if deferred[p] and not placed[p]:
+                    break
+            else:  # no pointwise input waits for this kernel
+                result.append(i)
+                placed[i] = 1
+                continue
             pending: list[int] = []
             stack = list(inlined_inputs[i])
             while stack:
@@ -271,9 +288,8 @@ class GraphIndex:
                     placed[value] = 1
                     pending.append(value)
                     stack.extend(inlined_inputs[value])
-            if pending:
-                pending.sort(key=position.__getitem__)
-                result.extend(pending)
+            pending.sort(key=position.__getitem__)
+            result.extend(pending)
             result.append(i)
             placed[i] = 1
         result.extend(v for v in order if deferred[v] and not placed[v])
