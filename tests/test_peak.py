@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckpt.measure import peak_memory
-from ckpt.partitioner.peak import Materialise, PeakGraph, simulate_peak
+from ckpt.partitioner.peak import Materialise, PeakGraph, backward_peak, forward_peak, simulate_peak
 from ckpt.partitioner.peak_analysis import build_peak_graph
 from ckpt.partitioner.peak_search import PEAK_RESOLUTION, budget_peak, cap_peak, lowest_peak_within
 from ckpt.partitioner.plan import Plan
@@ -358,7 +358,11 @@ def graphs_and_plans(draw: st.DrawFn) -> tuple[PeakGraph, list[int], list[int]]:
 @given(graphs_and_plans())
 def test_the_simulator_predicts_what_the_straightforward_replay_does(case) -> None:
     graph, saved, recomputed = case
-    assert simulate_peak(graph, saved, recomputed) == reference.simulate_peak(graph, saved, recomputed)
+    expected = reference.simulate_peak(graph, saved, recomputed)
+    # each phase alone first (nothing remembered yet), then the whole prediction
+    assert backward_peak(graph, saved, recomputed) == expected.backward_bytes
+    assert forward_peak(graph, saved) == expected.forward_bytes
+    assert simulate_peak(graph, saved, recomputed) == expected
     # a second plan on the same graph reuses its tables
     assert simulate_peak(graph, recomputed, saved) == reference.simulate_peak(graph, recomputed, saved)
 

@@ -63,7 +63,15 @@ from dataclasses import dataclass
 from ckpt.partitioner.peak_order import BUFFER, FREE, FUSIBLE, RANDOM, REDUCTION, GraphIndex, PhaseOrder
 from ckpt.partitioner.plan import Plan
 
-__all__ = ["Materialise", "PeakGraph", "PeakPrediction", "predict_plan", "simulate_peak"]
+__all__ = [
+    "Materialise",
+    "PeakGraph",
+    "PeakPrediction",
+    "backward_peak",
+    "forward_peak",
+    "predict_plan",
+    "simulate_peak",
+]
 
 
 class Materialise(enum.Enum):
@@ -177,6 +185,7 @@ class _Simulator:
             self.gradient_keep[i] = 1
         self.gradient_buffers = [i for i in graph.gradients if not free[i]]
         self._memo: dict[tuple[frozenset[int], frozenset[int]], PeakPrediction] = {}
+        self._peaks: dict[tuple[bool, frozenset[int], frozenset[int]], int] = {}  # phases simulated alone
 
     def predict(self, saved: frozenset[int], recomputed: frozenset[int]) -> PeakPrediction:
         key = (saved, recomputed)
@@ -188,7 +197,22 @@ class _Simulator:
         self._memo[key] = prediction  # most recently used last
         return prediction
 
-    def _forward(self, saved: frozenset[int]) -> _Phase:
+    def phase_peak(self, backward: bool, saved: frozenset[int], recomputed: frozenset[int]) -> int:
+        """One phase's peak alone (the forward's depends on ``saved`` only)."""
+        known = self._memo.get((saved, recomputed))
+        if known is not None:
+            return known.backward_bytes if backward else known.forward_bytes
+        key = (backward, saved, recomputed if backward else frozenset())
+        peak = self._peaks.pop(key, None)
+        if peak is None:
+            phase = self._backward(saved, recomputed, False) if backward else self._forward(saved, False)
+            peak = phase.peak
+            if len(self._peaks) >= _PREDICTION_MEMO:
+                del self._peaks[next(iter(self._peaks))]
+        self._peaks[key] = peak
+        return peak
+
+    def _forward(self, saved: frozenset[int], named: bool) -> _Phase:
         index, free = self.index, self.free
         forward = index.forward(saved)
         keep = bytearray(len(free))
@@ -198,9 +222,9 @@ class _Simulator:
             if not free[i]:
                 buffers[i] = 1
         index.add_random_draws(forward, buffers)
-        return _run(self.graph, index, forward, buffers, self.nothing, (), keep)
+        return _run(self.graph, index, forward, buffers, self.nothing, (), keep, named)
 
-    def _backward(self, saved: frozenset[int], recomputed: frozenset[int]) -> _Phase:
+    def _backward(self, saved: frozenset[int], recomputed: frozenset[int], named: bool) -> _Phase:
         index, free = self.index, self.free
         backward = index.phase(index.backward_order(recomputed))
         start = {i for i in saved if not free[i]}
@@ -212,11 +236,11 @@ class _Simulator:
         for i in self.gradient_buffers:
             buffers[i] = 1
         index.add_random_draws(backward, buffers)
-        return _run(self.graph, index, backward, buffers, available, start, self.gradient_keep)
+        return _run(self.graph, index, backward, buffers, available, start, self.gradient_keep, named)
 
     def _simulate(self, saved: frozenset[int], recomputed: frozenset[int]) -> PeakPrediction:
-        f_phase = self._forward(saved)
-        b_phase = self._backward(saved, recomputed)
+        f_phase = self._forward(saved, True)
+        b_phase = self._backward(saved, recomputed, True)
         if b_phase.peak > f_phase.peak:
             phase_name, top = "backward", b_phase
         else:
@@ -302,8 +326,9 @@ def _run(
     available: bytearray,
     start: Iterable[int],
     keep: bytearray,
+    named: bool = True,
 ) -> _Phase:
-    """The phase's peak, where it happens, and what is alive there.
+    """The phase's peak, and if ``named`` where it happens and what is alive there.
 
     The running total after each position's allocation is a prefix sum over
     the buffers' lifetimes; the peak is its first maximum.
@@ -319,6 +344,8 @@ def _run(
         change[last + 1] -= nbytes[b]
     totals = list(itertools.accumulate(change[:-1]))
     peak = max(totals)
+    if not named:
+        return _Phase(peak)
     at = totals.index(peak)
     there = {b for first, last, b in spans if first <= at <= last}
     largest = sorted(there, key=lambda b: (-nbytes[b], b))
@@ -333,6 +360,16 @@ def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[i
     the forward starts.
     """
     return graph._simulator.predict(frozenset(saved), frozenset(recomputed))
+
+
+def backward_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[int]) -> int:
+    """``simulate_peak(graph, saved, recomputed).backward_bytes``, without simulating the forward."""
+    return graph._simulator.phase_peak(True, frozenset(saved), frozenset(recomputed))
+
+
+def forward_peak(graph: PeakGraph, saved: Iterable[int]) -> int:
+    """``simulate_peak(graph, saved, recomputed).forward_bytes``: the forward depends on ``saved`` only."""
+    return graph._simulator.phase_peak(False, frozenset(saved), frozenset())
 
 
 def predict_plan(graph: PeakGraph, plan: Plan) -> PeakPrediction:

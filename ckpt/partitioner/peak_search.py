@@ -37,7 +37,7 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ckpt.partitioner.peak import PeakGraph, PeakPrediction, predict_plan, simulate_peak
+from ckpt.partitioner.peak import PeakGraph, PeakPrediction, backward_peak, forward_peak, predict_plan
 from ckpt.partitioner.plan import Plan
 from ckpt.partitioner.problem import Problem, recompute_closure
 
@@ -93,8 +93,14 @@ def _best_pin(problem: Problem, graph: PeakGraph, plan: Plan, prediction: PeakPr
     for i in candidates[:MAX_CANDIDATES]:
         trial = saved | {i}
         rest = recompute_closure(problem, trial)
-        peak = simulate_peak(graph, (mapping[j] for j in trial), (mapping[j] for j in rest)).peak_bytes
-        gain = prediction.peak_bytes - peak
+        trial_saved = [mapping[j] for j in trial]
+        # The trial's peak is at least its backward's: simulate the forward only if the gain that
+        # bound leaves could still be positive and beat the best score so far.
+        backward = backward_peak(graph, trial_saved, (mapping[j] for j in rest))
+        most = prediction.peak_bytes - backward
+        if most <= 0 or (best is not None and most / max(problem.save_bytes[i], 1) <= best[0]):
+            continue
+        gain = prediction.peak_bytes - max(backward, forward_peak(graph, trial_saved))
         if gain <= 0:
             continue
         score = gain / max(problem.save_bytes[i], 1)
