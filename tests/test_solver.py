@@ -336,3 +336,28 @@ def test_nearby_plans_cost_what_evaluate_gives(p, base, changes):
         else:
             assert nearby.cost(saved) == (time, memory)
     assert nearby.cost(base) == evaluate(p, base)[:2]
+
+
+@given(p=problems(), pins=st.lists(st.sets(st.integers(0, 11), max_size=3), min_size=1, max_size=4))
+def test_a_network_kept_across_solves_changes_no_plan(p, pins):
+    """Solves that share a network (and start from each other's flows) plan what lone solves do."""
+    if not _feasible(p):
+        return
+    network = CutNetwork(p)
+    for pinned in pins:
+        force = frozenset(i for i in pinned if i < len(p) and p.can_save[i])
+        for fraction in (None, 0.5, 0.1):
+            budget = None if fraction is None else int(fraction * p.total_save_bytes)
+            assert _outcome(p, budget, force, network) == _outcome(p, budget, force, None)
+
+
+def _outcome(p: Problem, budget: int | None, force: frozenset[int], network: CutNetwork | None) -> Plan | str:
+    try:
+        return solve(p, budget, effort=0.5, slack_ps=40, force_saved=force, network=network)
+    except ValueError as error:
+        return str(error)
+
+
+def test_a_network_must_be_the_problems_own():
+    with pytest.raises(ValueError, match="network of another problem"):
+        solve(CHAIN, None, network=CutNetwork(DIAMOND))

@@ -67,13 +67,14 @@ class FlowNetwork:
         """:meth:`min_cut`'s answer, and the flow on each edge of a maximum flow.
 
         ``start``, if given, is a feasible flow to start from: per edge, at
-        most its capacity (any amount on an ``INFINITE`` edge less than the
-        finite capacities' sum), and conserved at every vertex but the source
-        and the sink.
+        most its capacity (any amount on an ``INFINITE`` edge), and conserved
+        at every vertex but the source and the sink.
         """
         if len(capacities) != self.num_edges:
             raise ValueError(f"capacities has {len(capacities)} entries, expected {self.num_edges}")
-        infinity = sum(c for c in capacities if c > 0) + 1
+        # Any value above the finite capacities' sum tells a finite cut from none; above the
+        # start's amounts too, it leaves an uncuttable edge room for the flow it starts with.
+        infinity = sum(c for c in capacities if c > 0) + 1 + (max(start, default=0) if start is not None else 0)
         cap = [0] * (2 * len(capacities))
         cap[0::2] = [infinity if c == INFINITE else c for c in capacities]
         flow = 0

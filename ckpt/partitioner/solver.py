@@ -79,9 +79,9 @@ class _Cutter:
     work limit, and so the plan, stays what it was without the memo.
     """
 
-    def __init__(self, problem: Problem) -> None:
+    def __init__(self, problem: Problem, network: CutNetwork | None = None) -> None:
         self.problem = problem
-        self.network = CutNetwork(problem)
+        self.network = CutNetwork(problem) if network is None else network
         self.scale = problem.total_bytes + 1
         self.cuts = 0
         self.work = 0
@@ -211,6 +211,7 @@ def solve(
     slack_ps: int = 0,
     force_saved: frozenset[int] = frozenset(),
     forbid_saved: frozenset[int] = frozenset(),
+    network: CutNetwork | None = None,
 ) -> Plan:
     """The least-time plan with saved bytes <= ``budget_bytes`` (None: no cap).
 
@@ -234,10 +235,17 @@ def solve(
 
     ``force_saved`` values are saved and ``forbid_saved`` values are not, in
     every plan considered (the peak search pins values this way).
+
+    ``network``: a :class:`CutNetwork` of ``problem`` to cut on, kept by a
+    caller that solves the problem again (with other budgets or pins): its
+    cuts then start from the flows of earlier solves' cuts.  Plans are the
+    same with or without it.
     """
     if effort < 0:
         raise ValueError(f"solve: effort={effort!r} must be >= 0")
-    cutter = _Cutter(problem)
+    if network is not None and network.problem is not problem:
+        raise ValueError("solve: network= is the network of another problem; pass CutNetwork(problem) or None")
+    cutter = _Cutter(problem, network)
     pinned = _Pinned(frozenset(force_saved), frozenset(forbid_saved))
     root = cutter.relax(budget_bytes, pinned.force, pinned.forbid)
     assert root is not None  # no work limit at the root
