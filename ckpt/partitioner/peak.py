@@ -226,7 +226,7 @@ class _Simulator:
 
     def _backward(self, saved: frozenset[int], recomputed: frozenset[int], named: bool) -> _Phase:
         index, free = self.index, self.free
-        backward = index.phase(index.backward_order(recomputed))
+        backward = index.backward_phase(recomputed)
         start = {i for i in saved if not free[i]}
         start.update(self.tangents)
         available = bytearray(len(free))
@@ -264,7 +264,7 @@ def _last_uses(index: GraphIndex, phase: PhaseOrder, buffers: bytearray, availab
     each value, the last position that reads through it.
     """
     order, position = phase.order, phase.position
-    inputs, readers = index.inputs, index.readers
+    inputs, readers = index.allocating_inputs, index.readers
     reach = [0] * len(order)  # the last position that reads through order[k] (k itself if a buffer)
     last_use = [-1] * len(buffers)
     for k in range(len(order) - 1, -1, -1):

@@ -74,6 +74,9 @@ class GraphIndex:
         # Inputs by kind, for the passes that only follow pointwise values.
         self.inlined_inputs = [tuple(p for p in preds if self.inlined[p]) for preds in inputs]
         self.fusible_inputs = [tuple(p for p in preds if kinds[p] == FUSIBLE) for preds in inputs]
+        self.allocating_inputs = [
+            tuple(p for p in preds if kinds[p] != FREE) for preds in inputs
+        ]  # FREE never allocates
         readers: list[list[int]] = [[] for _ in range(n)]
         for i, preds in enumerate(inputs):
             for p in preds:
@@ -90,6 +93,17 @@ class GraphIndex:
         self.backward_base = bytearray(backward[i] and i not in tangent_set for i in range(n))
         self.backward_base_order = tuple(i for i in range(n) if self.backward_base[i])
         self.backward_first_reader = next((i for i in self.backward_base_order if self.reads_tangent[i]), n)
+        # A reduction whose candidate sources are all the backward's own values has the same sources in
+        # every backward, whatever is recomputed.
+        always = [0 if self.backward_base[i] else -1 for i in range(n)]
+        self._backward_sources = {
+            r: self._sources(r, always)
+            for r in self.backward_base_order
+            if kinds[r] == REDUCTION
+            and all(
+                always[p] == 0 and all(always[q] == 0 for q in self.fusible_inputs[p]) for p in self.fusible_inputs[r]
+            )
+        }
 
     def _ancestors(self, keep: bytearray, stack: list[int]) -> bytearray:
         """Mark the forward ancestors of ``stack`` in ``keep`` (backward values stop the walk)."""
@@ -181,10 +195,17 @@ class GraphIndex:
                 high = mid
         return low
 
-    def phase(self, order: list[int]) -> PhaseOrder:
-        """The phase that runs ``order`` (in graph dependency order): fused, with its plan-independent buffers."""
+    def backward_phase(self, recomputed: Iterable[int]) -> PhaseOrder:
+        """The backward's phase when ``recomputed`` are recomputed."""
+        return self.phase(self.backward_order(recomputed), self._backward_sources)
+
+    def phase(self, order: list[int], known: dict[int, list[int]] | None = None) -> PhaseOrder:
+        """The phase that runs ``order`` (in graph dependency order): fused, with its plan-independent buffers.
+
+        ``known``: sources of reductions that are the same whatever else the phase runs.
+        """
         position = self._positions(order)
-        joined = self._join_sibling_reductions(order, position)
+        joined = self._join_sibling_reductions(order, position, known or {})
         if joined is not order:
             position = self._positions(joined)
         fused = self._fuse_into_consumers(joined, position)
@@ -219,7 +240,7 @@ class GraphIndex:
         largest = max(nbytes[v] for v in found)
         return [v for v in found if nbytes[v] == largest] if largest > 0 else []
 
-    def _join_sibling_reductions(self, order: list[int], position: list[int]) -> list[int]:
+    def _join_sibling_reductions(self, order: list[int], position: list[int], known: dict[int, list[int]]) -> list[int]:
         """Move each reduction to its last sibling (a reduction over a shared pointwise value).
 
         Inductor computes reductions over the same values in one kernel, so the
@@ -229,7 +250,7 @@ class GraphIndex:
         """
         kinds, readers = self.kinds, self.readers
         reductions = [k for k, v in enumerate(order) if kinds[v] == REDUCTION]
-        sources = [self._sources(order[k], position) for k in reductions]
+        sources = [known[order[k]] if order[k] in known else self._sources(order[k], position) for k in reductions]
         last_reader: dict[int, int] = {}  # source -> position of the last reduction over it
         for k, found in zip(reductions, sources):
             for s in found:
@@ -278,7 +299,6 @@ class GraphIndex:
                     break
             else:  # no pointwise input waits for this kernel
                 result.append(i)
-                placed[i] = 1
                 continue
             pending: list[int] = []
             stack = list(inlined_inputs[i])
@@ -291,7 +311,6 @@ class GraphIndex:
             pending.sort(key=position.__getitem__)
             result.extend(pending)
             result.append(i)
-            placed[i] = 1
         result.extend(v for v in order if deferred[v] and not placed[v])
         return result
 
@@ -317,24 +336,25 @@ class GraphIndex:
 
     def _materialised(self, order: Sequence[int], position: list[int]) -> bytearray:
         """The values of the phase that allocate, whatever the plan keeps (kept values and draws come later)."""
-        inputs, kinds, inlined, readers = self.inputs, self.kinds, self.inlined, self.readers
+        kinds, inlined_inputs, readers = self.kinds, self.inlined_inputs, self.readers
         result = bytearray(self.n)
         heavy: dict[int, bool] = {}
         for i in order:
             kind = kinds[i]
-            if kind == BUFFER or kind == REDUCTION:
+            if kind == BUFFER:  # a library call: its pointwise inputs are materialised for it
                 result[i] = 1
-            for p in inputs[i]:
-                if position[p] < 0 or not inlined[p]:
-                    continue
-                if kind == BUFFER:
-                    result[p] = 1
-                elif kind == REDUCTION and not result[p]:
-                    if p not in heavy:
-                        shared = sum(1 for r in readers[p] if position[r] >= 0) > 1
-                        heavy[p] = shared and self._heavy(p, position)
-                    if heavy[p]:
+                for p in inlined_inputs[i]:
+                    if position[p] >= 0:
                         result[p] = 1
+            elif kind == REDUCTION:
+                result[i] = 1
+                for p in inlined_inputs[i]:
+                    if position[p] >= 0 and not result[p]:
+                        if p not in heavy:
+                            shared = sum(1 for r in readers[p] if position[r] >= 0) > 1
+                            heavy[p] = shared and self._heavy(p, position)
+                        if heavy[p]:
+                            result[p] = 1
         return result
 
     def add_random_draws(self, phase: PhaseOrder, buffers: bytearray) -> None:
