@@ -18,6 +18,7 @@ those values.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -71,6 +72,7 @@ class GraphIndex:
         self.nbytes = nbytes
         self.backward = backward
         self.inlined = bytearray(k == FUSIBLE or k == RANDOM for k in kinds)
+        self.is_reduction = bytearray(k == REDUCTION for k in kinds)
         # Inputs by kind, for the passes that only follow pointwise values.
         self.inlined_inputs = [tuple(p for p in preds if self.inlined[p]) for preds in inputs]
         self.fusible_inputs = [tuple(p for p in preds if kinds[p] == FUSIBLE) for preds in inputs]
@@ -248,14 +250,15 @@ class GraphIndex:
         past a value that reads it.  ``position`` is ``order``'s; ``order``
         itself comes back if nothing moves.
         """
-        kinds, readers = self.kinds, self.readers
-        reductions = [k for k, v in enumerate(order) if kinds[v] == REDUCTION]
+        readers = self.readers
+        reductions = list(itertools.compress(range(len(order)), map(self.is_reduction.__getitem__, order)))
         sources = [known[order[k]] if order[k] in known else self._sources(order[k], position) for k in reductions]
         last_reader: dict[int, int] = {}  # source -> position of the last reduction over it
         for k, found in zip(reductions, sources):
             for s in found:
                 last_reader[s] = k  # positions rise, so the last write is the latest
         moved: dict[int, list[int]] = {}  # target position -> reductions moved there, in order
+        stays = bytearray(b"\x01") * len(order)
         for k, found in zip(reductions, sources):
             last = max([last_reader[s] for s in found], default=k)
             if last <= k:
@@ -264,15 +267,16 @@ class GraphIndex:
             target = min(last, first_reader - 1)
             if target > k:
                 moved.setdefault(target, []).append(order[k])
+                stays[k] = 0
         if not moved:
             return order
-        gone = {v for values in moved.values() for v in values}
         result: list[int] = []
-        for k, v in enumerate(order):
-            if k in moved:
-                result.extend(moved[k])
-            if v not in gone:
-                result.append(v)
+        done = 0
+        for target in sorted(moved):  # the values before each target that stay, then what moves there
+            result.extend(itertools.compress(order[done:target], stays[done:target]))
+            result.extend(moved[target])
+            done = target
+        result.extend(itertools.compress(order[done:], stays[done:]))
         return result
 
     def _fuse_into_consumers(self, order: list[int], position: list[int]) -> list[int]:
