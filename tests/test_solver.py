@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from ckpt.partitioner import Plan, Problem, ProblemError, evaluate, solve, solve_exhaustive
 from ckpt.partitioner.maxflow import INFINITE, FlowNetwork
 from ckpt.partitioner.min_cut import CutNetwork
-from ckpt.partitioner.problem import NearbyPlans
+from ckpt.partitioner.problem import NearbyPlans, recompute_closure
 
 
 def problem(spec: list[tuple], needed: set[str]) -> Problem:
@@ -326,8 +326,11 @@ def test_nearby_plans_cost_what_evaluate_gives(p, base, changes):
     except ProblemError:
         return
     nearby = NearbyPlans(p, base)
+    closure = recompute_closure(p, base)
     for change in changes:
         saved = base.symmetric_difference(i for i in change if i < len(p))
+        more, fewer = nearby.recompute_changes(saved)
+        assert (closure - fewer) | more == recompute_closure(p, saved)
         try:
             time, memory, _ = evaluate(p, saved)
         except ProblemError as error:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from ckpt.partitioner.peak import PeakGraph, PeakPrediction, backward_peak, forward_peak, predict_plan
 from ckpt.partitioner.plan import Plan
-from ckpt.partitioner.problem import Problem, recompute_closure
+from ckpt.partitioner.problem import NearbyPlans, Problem
 
 __all__ = [
     "BudgetPeakResult",
@@ -88,15 +88,18 @@ def _best_pin(problem: Problem, graph: PeakGraph, plan: Plan, prediction: PeakPr
     candidates = [i for i in alive if i in recomputed and problem.can_save[i]]
     candidates.sort(key=lambda i: (-problem.save_bytes[i], i))
     best: tuple[float, int] | None = None
-    saved = set(plan.saved)
     mapping = graph.problem_index
+    # Each trial saves one more value: its closure is the plan's less what that value alone needed.
+    nearby = NearbyPlans(problem, frozenset(plan.saved))
+    saved = frozenset(mapping[j] for j in plan.saved)
+    recomputed_values = frozenset(mapping[j] for j in plan.recomputed)
     for i in candidates[:MAX_CANDIDATES]:
-        trial = saved | {i}
-        rest = recompute_closure(problem, trial)
-        trial_saved = [mapping[j] for j in trial]
+        more, fewer = nearby.recompute_changes(nearby.base | {i})
+        trial_saved = saved | {mapping[i]}
+        rest = recomputed_values.difference(mapping[j] for j in fewer).union(mapping[j] for j in more)
         # The trial's peak is at least its backward's: simulate the forward only if the gain that
         # bound leaves could still be positive and beat the best score so far.
-        backward = backward_peak(graph, trial_saved, (mapping[j] for j in rest))
+        backward = backward_peak(graph, trial_saved, rest)
         most = prediction.peak_bytes - backward
         if most <= 0 or (best is not None and most / max(problem.save_bytes[i], 1) <= best[0]):
             continue

@@ -195,6 +195,23 @@ class NearbyPlans:
             return time, memory
         return self.time + time, self.bytes + memory
 
+    def recompute_changes(self, saved: frozenset[int]) -> tuple[frozenset[int], frozenset[int]]:
+        """The values that ``saved``'s closure recomputes and the base's does not, and the reverse.
+
+        So ``recompute_closure(problem, saved)`` is the base's closure with the
+        first added and the second taken away (no check that the plan is valid).
+        """
+        added, dropped = saved - self.base, self.base - saved
+        for i in added:
+            self._saved[i] = 1
+        for i in dropped:
+            self._saved[i] = 0
+        flipped = self._settle(sorted(added | dropped, reverse=True))
+        recomputed = self._recomputed
+        changes = frozenset(i for i in flipped if recomputed[i]), frozenset(i for i in flipped if not recomputed[i])
+        self._undo(added, dropped, flipped)
+        return changes
+
     def _settle(self, stack: list[int]) -> list[int]:
         """Recompute exactly what is unsaved and needed again, from values that may have changed; the flips.
 
