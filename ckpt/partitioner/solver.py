@@ -44,8 +44,9 @@ from ckpt.partitioner.repair import mix_plans
 
 __all__ = ["WORK_PER_EFFORT", "solve"]
 
-# Min-cut work (edges processed) that effort 1.0 buys the repair search: about a third of
-# a second of Python on one CPU core, whatever the graph's size.
+# Min-cut work that effort 1.0 buys the repair search, counted as the whole network's edges per
+# cut (however the cut is computed: contracted, warm-started or remembered): 0.1 to 0.3 s of
+# Python on one CPU core on the benchmark models, whatever the graph's size.
 WORK_PER_EFFORT = 200_000
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,8 @@ class _Cutter:
     """
 
     def __init__(self, problem: Problem, network: CutNetwork | None = None) -> None:
+        if network is not None and network.problem is not problem:
+            raise ValueError("solve: network= is the network of another problem; pass CutNetwork(problem) or None")
         self.problem = problem
         self.network = CutNetwork(problem) if network is None else network
         self.scale = problem.total_bytes + 1
@@ -243,8 +246,6 @@ def solve(
     """
     if effort < 0:
         raise ValueError(f"solve: effort={effort!r} must be >= 0")
-    if network is not None and network.problem is not problem:
-        raise ValueError("solve: network= is the network of another problem; pass CutNetwork(problem) or None")
     cutter = _Cutter(problem, network)
     pinned = _Pinned(frozenset(force_saved), frozenset(forbid_saved))
     root = cutter.relax(budget_bytes, pinned.force, pinned.forbid)
