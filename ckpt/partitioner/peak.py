@@ -164,7 +164,9 @@ class _Simulator:
     """A graph's :class:`GraphIndex` and its latest predictions, kept on the graph (see ``PeakGraph._simulator``)."""
 
     def __init__(self, graph: PeakGraph) -> None:
-        self.graph = graph
+        # The graph's names and sizes, not the graph: a graph and its simulator would be a reference
+        # cycle, which only the cyclic garbage collector frees.
+        self.names, self.nbytes = graph.names, graph.bytes
         self.index = GraphIndex(
             graph.inputs,
             [_KIND_CODES[kind] for kind in graph.kinds],
@@ -222,7 +224,7 @@ class _Simulator:
             if not free[i]:
                 buffers[i] = 1
         index.add_random_draws(forward, buffers)
-        return _run(self.graph, index, forward, buffers, self.nothing, (), keep, named)
+        return _run(self.names, self.nbytes, index, forward, buffers, self.nothing, (), keep, named)
 
     def _backward(self, saved: frozenset[int], recomputed: frozenset[int], named: bool) -> _Phase:
         index, free = self.index, self.free
@@ -236,7 +238,7 @@ class _Simulator:
         for i in self.gradient_buffers:
             buffers[i] = 1
         index.add_random_draws(backward, buffers)
-        return _run(self.graph, index, backward, buffers, available, start, self.gradient_keep, named)
+        return _run(self.names, self.nbytes, index, backward, buffers, available, start, self.gradient_keep, named)
 
     def _simulate(self, saved: frozenset[int], recomputed: frozenset[int]) -> PeakPrediction:
         f_phase = self._forward(saved, True)
@@ -251,7 +253,7 @@ class _Simulator:
             phase=phase_name,
             node=top.node,
             alive=top.alive,
-            saved_bytes=sum(self.graph.bytes[i] for i in saved if not self.free[i]),
+            saved_bytes=sum(self.nbytes[i] for i in saved if not self.free[i]),
             alive_values=top.values,
         )
 
@@ -319,7 +321,8 @@ def _lifetimes(
 
 
 def _run(
-    graph: PeakGraph,
+    names: tuple[str, ...],
+    nbytes: tuple[int, ...],
     index: GraphIndex,
     phase: PhaseOrder,
     buffers: bytearray,
@@ -334,7 +337,6 @@ def _run(
     the buffers' lifetimes; the peak is its first maximum.
     """
     order = phase.order
-    nbytes = graph.bytes
     if not order:  # an empty phase: what it starts with
         return _Phase(sum(nbytes[b] for b in set(start)), "", ())
     spans = _lifetimes(phase, buffers, start, keep, _last_uses(index, phase, buffers, available))
@@ -349,8 +351,8 @@ def _run(
     at = totals.index(peak)
     there = {b for first, last, b in spans if first <= at <= last}
     largest = sorted(there, key=lambda b: (-nbytes[b], b))
-    top = tuple((graph.names[b], nbytes[b]) for b in largest[:8])
-    return _Phase(peak, graph.names[order[at]], top, tuple(sorted(there)))
+    top = tuple((names[b], nbytes[b]) for b in largest[:8])
+    return _Phase(peak, names[order[at]], top, tuple(sorted(there)))
 
 
 def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[int]) -> PeakPrediction:
