@@ -18,6 +18,7 @@ solving takes under 1 s for a joint graph of 5,000 nodes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import platform
 import shlex
@@ -78,10 +79,13 @@ def _solve_all(layers: int, joint: Joint, profile: DeviceProfile, effort: float)
         plan = solve(analysis.problem, budget, effort=effort)
         seconds = time.perf_counter() - started
         config = CkptConfig(budget=parse_budget("none" if fraction is None else str(fraction)), solver_effort=effort)
+        # A fresh copy per budget: the peak simulator keeps its tables and recent predictions on the
+        # graph, and the backend plans each graph once, so no budget may start from another's.
+        graph = dataclasses.replace(peak_graph)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # budgets below the smallest plan, peaks the budget raises
             partitioner = CkptPartitioner(config, profile)
-            planned, _, _, plan_seconds = partitioner.plan(f"{layers} layers", analysis, peak_graph)
+            planned, _, _, plan_seconds = partitioner.plan(f"{layers} layers", analysis, graph)
         rows.append(
             SolveRow(
                 layers,
@@ -98,7 +102,7 @@ def _solve_all(layers: int, joint: Joint, profile: DeviceProfile, effort: float)
                 plan.minimum_bytes if plan.over_budget else None,
                 _gap(plan.time, plan.lower_bound),
                 plan_seconds,
-                predict_plan(peak_graph, planned).peak_bytes,
+                predict_plan(graph, planned).peak_bytes,
             )  # fmt: skip
         )
     return rows

@@ -51,6 +51,7 @@ from ckpt.module_budgets import frame_regions
 from ckpt.partitioner.analysis import JointAnalysis, analyze_joint, to_picoseconds
 from ckpt.partitioner.extract import drop_dead_random_ops, extract_modules, verify_backward
 from ckpt.partitioner.joint_graph import autograd_saved_names
+from ckpt.partitioner.min_cut import CutNetwork
 from ckpt.partitioner.peak import PeakGraph
 from ckpt.partitioner.peak_analysis import build_peak_graph, predict_plan
 from ckpt.partitioner.peak_search import budget_peak, cap_peak
@@ -132,6 +133,8 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         # This graph's per-module caps, reused by its re-solves; dropped after it (Inductor copies its config,
         # this object included, and the analysis holds fake tensors).
         self._caps: tuple[JointAnalysis, tuple[RegionCap, ...]] | None = None
+        # The graph's min-cut network while it is planned: each re-solve starts from earlier cuts' flows.
+        self._network: CutNetwork | None = None
 
     def uuid(self) -> str:
         """Covers everything a plan depends on, so a cached graph never crosses budgets."""
@@ -273,9 +276,13 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         # With per-module budgets, the default budget caps the rest of the graph (a region cap).
         budget_bytes = None if self.regions else self.config.budget.resolve(analysis.reference_bytes)
         started = time.perf_counter()
-        plan = self._solve(analysis, budget_bytes)
-        plan, peak_cap = self._fit_peak(name, analysis, peak_graph, plan, budget_bytes)
-        plan = self._fit_fraction(analysis, budget_bytes, plan)
+        self._network = CutNetwork(analysis.problem)
+        try:
+            plan = self._solve(analysis, budget_bytes)
+            plan, peak_cap = self._fit_peak(name, analysis, peak_graph, plan, budget_bytes)
+            plan = self._fit_fraction(analysis, budget_bytes, plan)
+        finally:
+            self._network = None  # its flows are only worth keeping while this graph is planned
         return plan, budget_bytes, peak_cap, time.perf_counter() - started
 
     def _activation_inputs(self, gm: fx.GraphModule) -> frozenset[int]:
@@ -327,6 +334,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             tolerance_ps=tolerance,
             slack_ps=2 * tolerance,  # the leanest plan within 1% of the fastest the budget allows
             force_saved=force,
+            network=self._network if self._network is not None and self._network.problem is analysis.problem else None,
         )
 
     def _solve(self, analysis: JointAnalysis, budget_bytes: int | None) -> Plan:

@@ -39,6 +39,7 @@ PLAIN_DATA = [
     "repair",
     "exhaustive",
     "peak",
+    "peak_order",
     "peak_search",
     "segments",
     "regional",

@@ -1,4 +1,4 @@
-"""The peak simulator on tiny hand-written graphs, and the measured peak helper."""
+"""The peak simulator on tiny hand-written graphs and against its specification, and the measured peak helper."""
 
 from __future__ import annotations
 
@@ -6,18 +6,20 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import given
+import torch.nn as nn
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckpt.backend import CkptPartitioner, PeakWarning
 from ckpt.config import CkptConfig, parse_budget
 from ckpt.measure import peak_memory
-from ckpt.partitioner.peak import Materialise, PeakGraph, simulate_peak
+from ckpt.partitioner.peak import Materialise, PeakGraph, backward_peak, forward_peak, simulate_peak
 from ckpt.partitioner.peak_analysis import build_peak_graph, predict_plan
 from ckpt.partitioner.peak_search import PEAK_RESOLUTION, REFERENCE_RUNGS, budget_peak, cap_peak, lowest_peak_within
 from ckpt.partitioner.plan import Plan
 from ckpt.partitioner.problem import Problem
 from ckpt.partitioner.solver import solve
+from tests import peak_reference as reference
 from tests.joint import TEST_PROFILE, trace_joint
 
 B, F, X = Materialise.BUFFER, Materialise.FUSIBLE, Materialise.FREE
@@ -371,3 +373,59 @@ def test_lower_budgets_do_not_raise_the_planned_peak_on_a_residual_stack_or_warn
     assert peaks["0"] > peaks["0.1"]
     (message,) = warned["0"]
     assert str(peaks["0"]) in message and "CKPT_PEAK_MEMORY" in message
+
+
+# ---------------------------------------------------------------- the simulator against its specification
+
+
+@st.composite
+def graphs_and_plans(draw: st.DrawFn) -> tuple[PeakGraph, list[int], list[int]]:
+    """A random peak graph (forward values, then tangents and backward values) and any saved and recomputed sets."""
+    forward = draw(st.integers(1, 14))
+    n = forward + draw(st.integers(0, 14))
+    kinds = draw(st.lists(st.sampled_from(list(Materialise)), min_size=n, max_size=n))
+    inputs = []
+    for i in range(n):
+        preds = draw(st.lists(st.integers(0, i - 1), max_size=3, unique=True)) if i else []
+        inputs.append(tuple(sorted(preds)))
+    backward = [i >= forward for i in range(n)]
+    tangents = frozenset(i for i in range(forward, n) if not inputs[i] and draw(st.booleans()))
+    required = [not backward[i] and draw(st.booleans()) for i in range(n)]
+    values = st.sets(st.integers(0, n - 1), max_size=n)
+    graph = PeakGraph(
+        names=tuple(f"v{i}" for i in range(n)),
+        bytes=tuple(draw(st.lists(st.integers(0, 50), min_size=n, max_size=n))),
+        kinds=tuple(kinds),
+        inputs=tuple(inputs),
+        backward=tuple(backward),
+        required=tuple(required),
+        outputs=frozenset(draw(values)),
+        gradients=frozenset(draw(values)),
+        tangents=tangents,
+    )
+    return graph, sorted(draw(values)), sorted(draw(values))
+
+
+@settings(max_examples=300, deadline=None)  # an equivalence: worth more examples than the default
+@given(graphs_and_plans())
+def test_the_simulator_predicts_what_the_straightforward_replay_does(case) -> None:
+    graph, saved, recomputed = case
+    expected = reference.simulate_peak(graph, saved, recomputed)
+    # each phase alone first (nothing remembered yet), then the whole prediction
+    assert backward_peak(graph, saved, recomputed) == expected.backward_bytes
+    assert forward_peak(graph, saved) == expected.forward_bytes
+    assert simulate_peak(graph, saved, recomputed) == expected
+    # a second plan on the same graph reuses its tables
+    assert simulate_peak(graph, recomputed, saved) == reference.simulate_peak(graph, recomputed, saved)
+
+
+def test_the_simulator_matches_the_replay_on_a_traced_model() -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.1), nn.LayerNorm(32), nn.Linear(32, 4))
+    joint = trace_joint(model, torch.randn(8, 16))
+    graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    problem = joint.analysis.problem
+    for budget in (None, problem.total_save_bytes // 2, 0):
+        plan = solve(problem, budget)
+        saved = [graph.problem_index[i] for i in plan.saved]
+        recomputed = [graph.problem_index[i] for i in plan.recomputed]
+        assert simulate_peak(graph, saved, recomputed) == reference.simulate_peak(graph, saved, recomputed)

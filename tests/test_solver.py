@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckpt.partitioner import Plan, Problem, ProblemError, evaluate, solve, solve_exhaustive
 from ckpt.partitioner.maxflow import INFINITE, FlowNetwork
+from ckpt.partitioner.min_cut import CutNetwork
+from ckpt.partitioner.problem import NearbyPlans, recompute_closure
 
 
 def problem(spec: list[tuple], needed: set[str]) -> Problem:
@@ -132,6 +136,25 @@ def test_max_flow_small_network():
     assert network.min_cut([INFINITE, INFINITE, INFINITE, INFINITE, 0], 0, 3) is None
 
 
+@settings(max_examples=300, deadline=None)  # an equivalence: worth more examples than the default
+@given(
+    edges=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5), st.integers(0, 9)), min_size=1, max_size=14),
+    shrink=st.lists(st.integers(0, 9), min_size=14, max_size=14),
+)
+def test_max_flow_from_a_feasible_flow_finds_the_same_cut(edges, shrink):
+    """Any maximum flow leaves the same vertices reachable: a start flow never changes the cut."""
+    network = FlowNetwork(6)
+    for tail, head, _ in edges:
+        network.add_edge(tail, head)
+    capacities = [c for _, _, c in edges]
+    lower = [min(c, s) for c, s in zip(capacities, shrink)]  # a flow for these is feasible for `capacities`
+    _, start = network.max_flow(lower, 0, 5)
+    cold, flow = network.max_flow(capacities, 0, 5)
+    warm, _ = network.max_flow(capacities, 0, 5, start)
+    assert cold == warm == network.min_cut(capacities, 0, 5)
+    assert all(0 <= f <= c for f, c in zip(flow, capacities))
+
+
 @st.composite
 def problems(draw, max_values: int = 12):
     n = draw(st.integers(2, max_values))
@@ -248,3 +271,96 @@ def test_slack_keeps_the_budget_and_saved_bytes_monotone(p, slack):
         if previous is not None:
             assert plan.bytes <= previous
         previous = plan.bytes
+
+
+def _plain_saved_set(p: Problem, save_cost, recompute_cost, force, forbid) -> frozenset[int] | None:
+    """The saved set from the whole network, as first built: two vertices and three edges per value."""
+    n = len(p)
+    network, capacities = FlowNetwork(2 + 2 * n), []
+    for i in range(n):
+        v_in, v_out = 2 + 2 * i, 3 + 2 * i
+        network.add_edge(v_in, v_out)
+        capacities.append(INFINITE if not p.can_save[i] or i in forbid else save_cost[i])
+        network.add_edge(0, v_in)
+        capacities.append(INFINITE if not p.can_recompute[i] or i in force else recompute_cost[i])
+        network.add_edge(v_out, 1)
+        capacities.append(INFINITE if p.needed[i] or i in force else 0)
+    for i in range(n):
+        for u in p.inputs[i]:
+            network.add_edge(3 + 2 * u, 2 + 2 * i)
+            capacities.append(INFINITE)
+    side = network.min_cut(capacities, 0, 1)
+    return None if side is None else frozenset(i for i in range(n) if side[2 + 2 * i] and not side[3 + 2 * i])
+
+
+@settings(max_examples=300, deadline=None)  # an equivalence: worth more examples than the default
+@given(
+    p=problems(),
+    constraints=st.lists(st.tuples(st.sets(st.integers(0, 11)), st.sets(st.integers(0, 11))), min_size=1, max_size=3),
+    prices=st.lists(st.tuples(st.integers(1, 60), st.integers(0, 10**5), st.integers(0, 2)), min_size=1, max_size=12),
+)
+def test_contracted_warm_started_cuts_match_the_whole_network(p, constraints, prices):
+    """Contraction and warm starts from earlier cuts leave every cut as the whole network gives it."""
+    network = CutNetwork(p)
+    m = p.total_bytes + 1
+    save_key = [t * m + b for t, b in zip(p.save_time, p.save_bytes)]
+    recompute_key = [t * m + b for t, b in zip(p.recompute_time, p.recompute_bytes)]
+    for alpha, beta, which in prices:
+        force, forbid = constraints[which % len(constraints)]
+        force = frozenset(i for i in force if i < len(p))
+        forbid = frozenset(i for i in forbid if i < len(p)) - force
+        save_cost = [alpha * k + beta * b for k, b in zip(save_key, p.save_bytes)]
+        recompute_cost = [alpha * k + beta * b for k, b in zip(recompute_key, p.recompute_bytes)]
+        expected = _plain_saved_set(p, save_cost, recompute_cost, force, forbid)
+        got = network.saved_set(save_cost, recompute_cost, force_saved=force, forbid_saved=forbid, price=(alpha, beta))
+        assert got == expected
+
+
+@settings(max_examples=300, deadline=None)  # an equivalence: worth more examples than the default
+@given(p=problems(), base=st.sets(st.integers(0, 11)), changes=st.lists(st.sets(st.integers(0, 11)), max_size=6))
+def test_nearby_plans_cost_what_evaluate_gives(p, base, changes):
+    """Plans near a base set, evaluated by updating its closure: evaluate's numbers, or its error."""
+    base = frozenset(i for i in base if i < len(p) and p.can_save[i])
+    try:
+        evaluate(p, base)
+    except ProblemError:
+        return
+    nearby = NearbyPlans(p, base)
+    closure = recompute_closure(p, base)
+    for change in changes:
+        saved = base.symmetric_difference(i for i in change if i < len(p))
+        more, fewer = nearby.recompute_changes(saved)
+        assert (closure - fewer) | more == recompute_closure(p, saved)
+        try:
+            time, memory, _ = evaluate(p, saved)
+        except ProblemError as error:
+            with pytest.raises(ProblemError, match=re.escape(str(error))):
+                nearby.cost(saved)
+        else:
+            assert nearby.cost(saved) == (time, memory)
+    assert nearby.cost(base) == evaluate(p, base)[:2]
+
+
+@given(p=problems(), pins=st.lists(st.sets(st.integers(0, 11), max_size=3), min_size=1, max_size=4))
+def test_a_network_kept_across_solves_changes_no_plan(p, pins):
+    """Solves that share a network (and start from each other's flows) plan what lone solves do."""
+    if not _feasible(p):
+        return
+    network = CutNetwork(p)
+    for pinned in pins:
+        force = frozenset(i for i in pinned if i < len(p) and p.can_save[i])
+        for fraction in (None, 0.5, 0.1):
+            budget = None if fraction is None else int(fraction * p.total_save_bytes)
+            assert _outcome(p, budget, force, network) == _outcome(p, budget, force, None)
+
+
+def _outcome(p: Problem, budget: int | None, force: frozenset[int], network: CutNetwork | None) -> Plan | str:
+    try:
+        return solve(p, budget, effort=0.5, slack_ps=40, force_saved=force, network=network)
+    except ValueError as error:
+        return str(error)
+
+
+def test_a_network_must_be_the_problems_own():
+    with pytest.raises(ValueError, match="network of another problem"):
+        solve(CHAIN, None, network=CutNetwork(DIAMOND))

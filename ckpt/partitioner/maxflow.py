@@ -9,11 +9,21 @@ A :class:`FlowNetwork` holds the edge structure only; each :meth:`min_cut`
 call takes a fresh list of capacities, so one network serves many prices.
 An ``INFINITE`` capacity is replaced by one more than the sum of the finite
 capacities, so a cut of that value or more means no finite cut exists.
+
+Two things save phases without changing the answer.  A call may start from
+a feasible flow (:meth:`max_flow`'s ``start``, say the flow of a cut at a
+lower price), so only what is missing is pushed.  And before the phases, one
+depth-first pass saturates paths along edges that go up the vertex numbering
+(the priced networks number vertices in topological order, so that is most
+of a blocking flow of the whole network, not only of its shortest paths);
+the phases then find the paths that need to cancel flow.  Every maximum flow
+leaves the same vertices reachable from the source in its residual network
+(the source side of the minimum cut with the fewest vertices), so the cut
+returned is the same whatever flow the phases start from.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 
 __all__ = ["INFINITE", "FlowNetwork"]
@@ -28,6 +38,7 @@ class FlowNetwork:
         self.num_vertices = num_vertices
         self._adjacency: list[list[int]] = [[] for _ in range(num_vertices)]
         self._head: list[int] = []
+        self._upward: list[list[int]] | None = None  # per vertex: its edges up the numbering, built on first use
 
     @property
     def num_edges(self) -> int:
@@ -40,6 +51,7 @@ class FlowNetwork:
         self._head.append(head)
         self._adjacency[head].append(edge + 1)
         self._head.append(tail)
+        self._upward = None
         return edge // 2
 
     def min_cut(self, capacities: Sequence[int], source: int, sink: int) -> list[bool] | None:
@@ -47,22 +59,59 @@ class FlowNetwork:
 
         ``capacities[k]`` is the capacity of edge ``k``: an int >= 0 or ``INFINITE``.
         """
+        return self.max_flow(capacities, source, sink)[0]
+
+    def max_flow(
+        self, capacities: Sequence[int], source: int, sink: int, start: Sequence[int] | None = None
+    ) -> tuple[list[bool] | None, list[int]]:
+        """:meth:`min_cut`'s answer, and the flow on each edge of a maximum flow.
+
+        ``start``, if given, is a feasible flow to start from: per edge, at
+        most its capacity (any amount on an ``INFINITE`` edge), and conserved
+        at every vertex but the source and the sink.
+        """
         if len(capacities) != self.num_edges:
             raise ValueError(f"capacities has {len(capacities)} entries, expected {self.num_edges}")
-        finite_total = sum(c for c in capacities if c > 0)
-        infinity = finite_total + 1
+        # Any value above the finite capacities' sum tells a finite cut from none; above the
+        # start's amounts too, it leaves an uncuttable edge room for the flow it starts with.
+        infinity = sum(c for c in capacities if c > 0) + 1 + (max(start, default=0) if start is not None else 0)
         cap = [0] * (2 * len(capacities))
-        for k, c in enumerate(capacities):
-            cap[2 * k] = infinity if c == INFINITE else c
+        cap[0::2] = [infinity if c == INFINITE else c for c in capacities]
         flow = 0
+        if start is not None:
+            if len(start) != len(capacities):
+                raise ValueError(f"start has {len(start)} entries, expected {self.num_edges}")
+            for k, amount in enumerate(start):
+                if amount:
+                    cap[2 * k] -= amount
+                    cap[2 * k + 1] = amount
+            head = self._head
+            flow = sum(cap[e ^ 1] for e in self._adjacency[source] if not e & 1)
+            flow -= sum(cap[e] for e in self._adjacency[source] if e & 1 and head[e] != source)
+        flow += self._upward_flow(cap, source, sink)
         while flow < infinity:
             level = self._levels(cap, source, sink)
             if level[sink] < 0:
                 break
-            flow += self._blocking_flow(cap, source, sink, level)
+            flow += self._blocking_flow(cap, source, sink, level, self._adjacency)
         if flow >= infinity:
-            return None
-        return self._reachable(cap, source)
+            return None, cap[1::2]
+        return self._reachable(cap, source), cap[1::2]
+
+    def _upward_flow(self, cap: list[int], source: int, sink: int) -> int:
+        """A blocking flow over the edges that go up the vertex numbering or into the sink.
+
+        Those edges form an acyclic network, so the depth-first search needs
+        no levels; a vertex with no way on is dead for the rest of the pass.
+        """
+        if self._upward is None:
+            head = self._head
+            self._upward = [
+                [e for e in edges if not e & 1 and (head[e] == sink or head[e] > tail)]
+                for tail, edges in enumerate(self._adjacency)
+            ]
+        alive = [0] * self.num_vertices  # the blocking flow's "level" test: every vertex qualifies until dead
+        return self._blocking_flow(cap, source, sink, alive, self._upward, step=0)
 
     def _levels(self, cap: list[int], source: int, sink: int) -> list[int]:
         """BFS levels from the source, up to the sink's level (no shortest path goes further)."""
@@ -70,12 +119,11 @@ class FlowNetwork:
         adjacency = self._adjacency
         level = [-1] * self.num_vertices
         level[source] = 0
-        queue = deque([source])
-        while queue:
-            u = queue.popleft()
-            if level[sink] >= 0 and level[u] >= level[sink]:
-                break
+        queue = [source]
+        for u in queue:  # the list grows while it is read: a FIFO queue without popping
             next_level = level[u] + 1
+            if level[sink] >= 0 and next_level > level[sink]:
+                break
             for edge in adjacency[u]:
                 if cap[edge] > 0:
                     v = head[edge]
@@ -84,9 +132,14 @@ class FlowNetwork:
                         queue.append(v)
         return level
 
-    def _blocking_flow(self, cap: list[int], source: int, sink: int, level: list[int]) -> int:
+    def _blocking_flow(
+        self, cap: list[int], source: int, sink: int, level: list[int], adjacency: list[list[int]], step: int = 1
+    ) -> int:
+        """Saturate paths whose levels rise by ``step`` per edge, along ``adjacency``; the flow pushed.
+
+        A vertex found to be a dead end gets level -1, which no edge leads to.
+        """
         head = self._head
-        adjacency = self._adjacency
         position = [0] * self.num_vertices
         pushed = 0
         path: list[int] = []
@@ -106,7 +159,7 @@ class FlowNetwork:
                 continue
             edges = adjacency[u]
             i = position[u]
-            want = level[u] + 1
+            want = level[u] + step
             count = len(edges)
             while i < count:
                 edge = edges[i]

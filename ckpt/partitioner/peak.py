@@ -42,17 +42,36 @@ holds both.  The answer
 names the phase and value where the peak happens and the largest buffers
 alive there.  Pure data in, data out: no ``torch.fx`` here (the graph is read
 by :mod:`ckpt.partitioner.peak_analysis`).
+
+**How it is computed.**  The peak search simulates dozens of plans of one
+graph, so what depends on the graph alone is built once, on first use, into
+tables kept on the graph (:mod:`ckpt.partitioner.peak_order`, which also
+computes the orders and allocations), and the latest predictions are
+remembered by plan.  The liveness replay takes, for each buffer, the last
+position whose kernel reads it (one backward pass), then walks the order once
+to find the peak and once more to name what is alive there.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+import functools
+import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ckpt.partitioner.peak_order import BUFFER, FREE, FUSIBLE, RANDOM, REDUCTION, GraphIndex, PhaseOrder
 from ckpt.partitioner.plan import Plan
 
-__all__ = ["Materialise", "PeakGraph", "PeakPrediction", "predict_plan", "simulate_peak"]
+__all__ = [
+    "Materialise",
+    "PeakGraph",
+    "PeakPrediction",
+    "backward_peak",
+    "forward_peak",
+    "predict_plan",
+    "simulate_peak",
+]
 
 
 class Materialise(enum.Enum):
@@ -61,9 +80,6 @@ class Materialise(enum.Enum):
     FUSIBLE = "fusible"  # allocates only when a library call reads it, or it is kept
     RANDOM = "random"  # a random draw: allocates when more than one kernel reads it
     FREE = "free"  # lives anyway (parameters, inputs) or has no storage
-
-
-_INLINED = (Materialise.FUSIBLE, Materialise.RANDOM)  # computed inside the kernels that read them, unless kept
 
 
 @dataclass(frozen=True)
@@ -100,6 +116,11 @@ class PeakGraph:
     def __len__(self) -> int:
         return len(self.names)
 
+    @functools.cached_property
+    def _simulator(self) -> _Simulator:
+        """The graph's tables for simulating plans, built on first use (the graph never changes)."""
+        return _Simulator(self)
+
 
 @dataclass(frozen=True)
 class PeakPrediction:
@@ -126,270 +147,212 @@ class _Phase:
     values: tuple[int, ...] = ()
 
 
-def _forward_order(graph: PeakGraph, saved: frozenset[int]) -> list[int]:
-    """Forward values the forward graph computes: ancestors of what it must produce or save."""
-    keep = bytearray(len(graph))
-    stack = [i for i in range(len(graph)) if not graph.backward[i] and (graph.required[i] or i in saved)]
-    stack += [i for i in graph.outputs if not graph.backward[i]]
-    while stack:
-        i = stack.pop()
-        if keep[i] or graph.backward[i]:
-            continue
-        keep[i] = 1
-        stack.extend(graph.inputs[i])
-    return [i for i in range(len(graph)) if keep[i]]
+_KIND_CODES = {
+    Materialise.BUFFER: BUFFER,
+    Materialise.REDUCTION: REDUCTION,
+    Materialise.FUSIBLE: FUSIBLE,
+    Materialise.RANDOM: RANDOM,
+    Materialise.FREE: FREE,
+}
+
+# Predictions remembered per graph: the peak search simulates the same plans again (each
+# walk of the budget rule starts where another did), and a plan's prediction never changes.
+_PREDICTION_MEMO = 64
 
 
-def _backward_order(graph: PeakGraph, recomputed: frozenset[int]) -> list[int]:
-    """The backward's values in the order torch's ``reordering_to_mimic_autograd_engine`` gives.
+class _Simulator:
+    """A graph's :class:`GraphIndex` and its latest predictions, kept on the graph (see ``PeakGraph._simulator``)."""
 
-    From the first value that reads a tangent on, each value in graph order
-    brings in everything it needs that is not there yet (recomputed values
-    and backward values before it), in graph order.
-    """
-    members = {i for i in range(len(graph)) if graph.backward[i] and i not in graph.tangents} | set(recomputed)
-    readers = [i for i in sorted(members) if any(p in graph.tangents for p in graph.inputs[i])]
-    if not readers:
-        return sorted(members)
-    order: list[int] = []
-    placed: set[int] = set()
-    for i in range(readers[0], len(graph)):
-        if i not in members or i in placed:
-            continue
-        needed: set[int] = set()
-        stack = [i]
-        while stack:
-            value = stack.pop()
-            if value in needed or value in placed:
-                continue
-            needed.add(value)
-            stack.extend(p for p in graph.inputs[value] if p in members)
-        order.extend(sorted(needed))
-        placed |= needed
-    return order
+    def __init__(self, graph: PeakGraph) -> None:
+        # The graph's names and sizes, not the graph: a graph and its simulator would be a reference
+        # cycle, which only the cyclic garbage collector frees.
+        self.names, self.nbytes = graph.names, graph.bytes
+        self.index = GraphIndex(
+            graph.inputs,
+            [_KIND_CODES[kind] for kind in graph.kinds],
+            graph.bytes,
+            graph.backward,
+            graph.required,
+            graph.outputs,
+            graph.tangents,
+        )
+        n = len(graph)
+        free = [kind is Materialise.FREE for kind in graph.kinds]
+        self.free = free
+        self.nothing = bytearray(n)
+        self.forward_outputs = [i for i in graph.outputs if not graph.backward[i]]
+        self.tangents = [i for i in graph.tangents if not free[i]]
+        self.gradient_keep = bytearray(n)
+        for i in graph.gradients:
+            self.gradient_keep[i] = 1
+        self.gradient_buffers = [i for i in graph.gradients if not free[i]]
+        self._memo: dict[tuple[frozenset[int], frozenset[int]], PeakPrediction] = {}
+        self._peaks: dict[tuple[bool, frozenset[int], frozenset[int]], int] = {}  # phases simulated alone
 
+    def predict(self, saved: frozenset[int], recomputed: frozenset[int]) -> PeakPrediction:
+        key = (saved, recomputed)
+        prediction = self._memo.pop(key, None)
+        if prediction is None:
+            prediction = self._simulate(saved, recomputed)
+            if len(self._memo) >= _PREDICTION_MEMO:
+                del self._memo[next(iter(self._memo))]
+        self._memo[key] = prediction  # most recently used last
+        return prediction
 
-# Inductor realises a pointwise value that several kernels read when its inlined body loads
-# more than realize_reads_threshold (4) buffers or has more than realize_opcount_threshold (30)
-# ops; otherwise each consumer recomputes it inline.
-_REALIZE_READS = 4
-_REALIZE_OPS = 30
+    def phase_peak(self, backward: bool, saved: frozenset[int], recomputed: frozenset[int]) -> int:
+        """One phase's peak alone (the forward's depends on ``saved`` only)."""
+        known = self._memo.get((saved, recomputed))
+        if known is not None:
+            return known.backward_bytes if backward else known.forward_bytes
+        key = (backward, saved, recomputed if backward else frozenset())
+        peak = self._peaks.pop(key, None)
+        if peak is None:
+            phase = self._backward(saved, recomputed, False) if backward else self._forward(saved, False)
+            peak = phase.peak
+            if len(self._peaks) >= _PREDICTION_MEMO:
+                del self._peaks[next(iter(self._peaks))]
+        self._peaks[key] = peak
+        return peak
 
+    def _forward(self, saved: frozenset[int], named: bool) -> _Phase:
+        index, free = self.index, self.free
+        forward = index.forward(saved)
+        keep = bytearray(len(free))
+        buffers = bytearray(forward.buffers)
+        for i in itertools.chain(saved, self.forward_outputs):
+            keep[i] = 1
+            if not free[i]:
+                buffers[i] = 1
+        index.add_random_draws(forward, buffers)
+        return _run(self.names, self.nbytes, index, forward, buffers, self.nothing, (), keep, named)
 
-def _heavy(graph: PeakGraph, i: int, members: set[int]) -> bool:
-    """Whether the pointwise chain ending at ``i`` is too big for Inductor to inline twice."""
-    ops: set[int] = set()
-    leaves: set[int] = set()
-    stack = [i]
-    while stack:
-        value = stack.pop()
-        if value in ops:
-            continue
-        ops.add(value)
-        for p in graph.inputs[value]:
-            if p in members and graph.kinds[p] is Materialise.FUSIBLE:
-                stack.append(p)
-            elif graph.kinds[p] is not Materialise.FREE:
-                leaves.add(p)
-        if len(ops) > _REALIZE_OPS or len(leaves) > _REALIZE_READS:
-            return True
-    return False
+    def _backward(self, saved: frozenset[int], recomputed: frozenset[int], named: bool) -> _Phase:
+        index, free = self.index, self.free
+        backward = index.backward_phase(recomputed)
+        start = {i for i in saved if not free[i]}
+        start.update(self.tangents)
+        available = bytearray(len(free))
+        for i in start:
+            available[i] = 1
+        buffers = bytearray(backward.buffers)
+        for i in self.gradient_buffers:
+            buffers[i] = 1
+        index.add_random_draws(backward, buffers)
+        return _run(self.names, self.nbytes, index, backward, buffers, available, start, self.gradient_keep, named)
 
-
-def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -> set[int]:
-    """The values of ``order`` that allocate in this phase."""
-    members = set(order)
-    readers: dict[int, list[int]] = {}
-    for i in order:
-        for p in graph.inputs[i]:
-            readers.setdefault(p, []).append(i)
-    result = {i for i in kept if graph.kinds[i] is not Materialise.FREE}
-    for i in order:
-        kind = graph.kinds[i]
-        if kind is Materialise.BUFFER or kind is Materialise.REDUCTION:
-            result.add(i)
-        for p in graph.inputs[i]:
-            if p not in members or graph.kinds[p] not in _INLINED:
-                continue
-            library_input = kind is Materialise.BUFFER
-            realised = kind is Materialise.REDUCTION and len(readers[p]) > 1 and _heavy(graph, p, members)
-            if library_input or realised:
-                result.add(p)
-    for i in order:
-        if graph.kinds[i] is Materialise.RANDOM and i not in result and _read_by_two_kernels(graph, i, readers, result):
-            result.add(i)
-    return result
-
-
-def _read_by_two_kernels(graph: PeakGraph, i: int, readers: dict[int, list[int]], buffers: set[int]) -> bool:
-    """Whether two kernels read ``i``: two allocating values downstream of it through inlined ones."""
-    kernels: set[int] = set()
-    seen: set[int] = set()
-    stack = list(readers.get(i, ()))
-    while stack:
-        value = stack.pop()
-        if value in seen:
-            continue
-        seen.add(value)
-        if graph.kinds[value] in _INLINED and value not in buffers:
-            stack.extend(readers.get(value, ()))
+    def _simulate(self, saved: frozenset[int], recomputed: frozenset[int]) -> PeakPrediction:
+        f_phase = self._forward(saved, True)
+        b_phase = self._backward(saved, recomputed, True)
+        if b_phase.peak > f_phase.peak:
+            phase_name, top = "backward", b_phase
         else:
-            kernels.add(value)
-            if len(kernels) > 1:
-                return True
-    return False
+            phase_name, top = "forward", f_phase
+        return PeakPrediction(
+            forward_bytes=f_phase.peak,
+            backward_bytes=b_phase.peak,
+            phase=phase_name,
+            node=top.node,
+            alive=top.alive,
+            saved_bytes=sum(self.nbytes[i] for i in saved if not self.free[i]),
+            alive_values=top.values,
+        )
 
 
-def _sources(graph: PeakGraph, i: int, members: set[int]) -> set[int]:
-    """The largest pointwise values a reduction at ``i`` reads, directly or through one pointwise op.
+def _last_uses(index: GraphIndex, phase: PhaseOrder, buffers: bytearray, available: bytearray) -> list[int]:
+    """For each buffer some kernel of the phase reads: the last position whose kernel reads it (else -1).
 
-    Two levels cover a reduction of ``g`` and of ``g * x``; deeper chains reach
-    the residual stream, which every layer's reductions share.  Only the
-    largest count: small operands (scalars, statistics) are shared by
-    unrelated kernels.
+    A kernel reads the buffers among its inputs and, through each inlined
+    input, what that input's kernel reads.  One backward pass carries, for
+    each value, the last position that reads through it.
     """
-    found: set[int] = set()
-    for p in graph.inputs[i]:
-        if p in members and graph.kinds[p] is Materialise.FUSIBLE:
-            found.add(p)
-            found.update(q for q in graph.inputs[p] if q in members and graph.kinds[q] is Materialise.FUSIBLE)
-    largest = max((graph.bytes[v] for v in found), default=0)
-    return {v for v in found if graph.bytes[v] == largest and largest > 0}
+    order, position = phase.order, phase.position
+    inputs, readers = index.allocating_inputs, index.readers
+    reach = [0] * len(order)  # the last position that reads through order[k] (k itself if a buffer)
+    last_use = [-1] * len(buffers)
+    for k in range(len(order) - 1, -1, -1):
+        value = order[k]
+        last = k
+        if not (buffers[value] or available[value]):
+            for r in readers[value]:
+                at = position[r]
+                if at > k and reach[at] > last:
+                    last = reach[at]
+        reach[k] = last
+        for p in inputs[value]:
+            if last_use[p] < last and (buffers[p] or available[p]):
+                last_use[p] = last
+    return last_use
 
 
-def _join_sibling_reductions(graph: PeakGraph, order: list[int]) -> list[int]:
-    """Move each reduction to its last sibling (a reduction over a shared pointwise value).
+def _lifetimes(
+    phase: PhaseOrder, buffers: bytearray, start: Iterable[int], keep: bytearray, last_use: list[int]
+) -> list[tuple[int, int, int]]:
+    """When each buffer is alive: ``(first, last, value)``, counted at positions ``first`` to ``last``.
 
-    Inductor computes reductions over the same values in one kernel, so the
-    earlier ones wait for the later ones' inputs.  A reduction never moves past
-    a value that reads it.
+    A position allocates its value if it is a buffer and not alive, takes the
+    running total, then frees (unless kept) the buffers whose last reader it
+    is, and its own value if nothing reads it later.  Values alive at the
+    start are those of ``start`` that are kept or read.  So a buffer lives
+    from its position (or the start) to its last reader (or the end, if
+    kept); one freed before its own position (a start value the phase also
+    computes) is allocated again there and freed at once.
     """
-    members = set(order)
-    position = {v: k for k, v in enumerate(order)}
-    readers: dict[int, int] = {}
-    for k, v in enumerate(order):
-        for p in graph.inputs[v]:
-            readers.setdefault(p, k)
-    reductions = [v for v in order if graph.kinds[v] is Materialise.REDUCTION]
-    sources = {r: _sources(graph, r, members) for r in reductions}
-    last_reader: dict[int, int] = {}  # source -> position of the last reduction over it
-    for r in reductions:
-        for s in sources[r]:
-            last_reader[s] = max(last_reader.get(s, -1), position[r])
-    target: dict[int, int] = {}
-    for r in reductions:
-        last = max((last_reader[s] for s in sources[r]), default=position[r])
-        limit = readers.get(r, len(order)) - 1
-        target[r] = max(position[r], min(last, limit))
-    return sorted(order, key=lambda v: (target.get(v, position[v]), v not in target, position[v]))
-
-
-def _fuse_into_consumers(graph: PeakGraph, order: Sequence[int]) -> list[int]:
-    """``order`` with each pointwise value moved to just before its first consumer in the phase.
-
-    Inductor computes a pointwise value inside the kernel of its consumer, so
-    it runs (and its inputs stay alive) until that kernel, not at its own place
-    in the graph.  Chains of pointwise values move together, in graph order.
-    """
-    order = _join_sibling_reductions(graph, list(order))
-    members = set(order)
-    position = {v: k for k, v in enumerate(order)}
-    consumed: set[int] = set()
-    for i in order:
-        consumed.update(p for p in graph.inputs[i] if p in members)
-    deferred = {i for i in order if graph.kinds[i] in _INLINED and i in consumed}
-    result: list[int] = []
-    placed: set[int] = set()
-    for i in order:
-        if i in deferred:
+    end = len(phase.order) - 1
+    position = phase.position
+    spans: list[tuple[int, int, int]] = []
+    started: set[int] = set()
+    for b in set(start):
+        if not keep[b] and last_use[b] < 0:
+            continue  # never read: not alive
+        started.add(b)
+        if keep[b]:
+            spans.append((0, end, b))
             continue
-        pending: set[int] = set()
-        stack = [p for p in graph.inputs[i] if p in deferred and p not in placed]
-        while stack:
-            value = stack.pop()
-            if value in pending:
-                continue
-            pending.add(value)
-            stack.extend(p for p in graph.inputs[value] if p in deferred and p not in placed)
-        result.extend(sorted(pending, key=position.__getitem__))
-        placed |= pending
-        result.append(i)
-        placed.add(i)
-    result.extend(v for v in order if v in deferred and v not in placed)
-    return result
-
-
-def _buffer_reads(
-    graph: PeakGraph, order: Sequence[int], buffers: set[int], available: set[int]
-) -> dict[int, set[int]]:
-    """For each value of ``order``: the buffers its kernel reads, looking through fused values."""
-    reads: dict[int, set[int]] = {}
-    for i in order:
-        found: set[int] = set()
-        for p in graph.inputs[i]:
-            if p in buffers or p in available:
-                found.add(p)
-            elif p in reads:
-                found |= reads[p]
-        reads[i] = found
-    return reads
+        last = last_use[b]
+        spans.append((0, last, b))
+        at = position[b] if buffers[b] else -1
+        if 0 <= at and last < at:
+            spans.append((at, at, b))
+    for k, i in enumerate(phase.order):
+        if buffers[i] and i not in started:
+            last = end if keep[i] else last_use[i]
+            spans.append((k, last if last > k else k, i))
+    return spans
 
 
 def _run(
-    graph: PeakGraph,
-    order: Sequence[int],
-    buffers: set[int],
+    names: tuple[str, ...],
+    nbytes: tuple[int, ...],
+    index: GraphIndex,
+    phase: PhaseOrder,
+    buffers: bytearray,
+    available: bytearray,
     start: Iterable[int],
-    keep: set[int],
-    reads: dict[int, set[int]],
-) -> tuple[_Phase, set[int]]:
-    """Allocate and free along ``order``; the phase's peak and what is alive at its end.
+    keep: bytearray,
+    named: bool = True,
+) -> _Phase:
+    """The phase's peak, and if ``named`` where it happens and what is alive there.
 
-    The first pass finds the peak's position; a second, up to it, recovers
-    what is alive there (cheaper than copying the alive set at every new high).
+    The running total after each position's allocation is a prefix sum over
+    the buffers' lifetimes; the peak is its first maximum.
     """
-    last_use: dict[int, int] = {}
-    for position, i in enumerate(order):
-        for b in reads[i]:
-            last_use[b] = position
-    nbytes = graph.bytes
-
-    def walk(stop: int) -> tuple[int, int, set[int]]:
-        alive = {b for b in start if b in keep or b in last_use}
-        total = sum(nbytes[b] for b in alive)
-        peak, at = sum(nbytes[b] for b in start), -1
-        for position, i in enumerate(order):
-            if i in buffers and i not in alive:
-                alive.add(i)
-                total += nbytes[i]
-            if total > peak or at < 0:
-                peak, at = total, position
-            if position == stop:
-                break
-            freed = reads[i] | {i} if i in buffers else reads[i]
-            for b in freed:
-                if b in alive and b not in keep and last_use.get(b, -1) <= position:
-                    alive.discard(b)
-                    total -= nbytes[b]
-        return peak, at, alive
-
-    peak, at, alive = walk(len(order))
-    if at < 0:  # an empty phase
-        return _Phase(peak, "", ()), alive
-    _, _, there = walk(at)
+    order = phase.order
+    if not order:  # an empty phase: what it starts with
+        return _Phase(sum(nbytes[b] for b in set(start)), "", ())
+    spans = _lifetimes(phase, buffers, start, keep, _last_uses(index, phase, buffers, available))
+    change = [0] * (len(order) + 1)
+    for first, last, b in spans:
+        change[first] += nbytes[b]
+        change[last + 1] -= nbytes[b]
+    totals = list(itertools.accumulate(change[:-1]))
+    peak = max(totals)
+    if not named:
+        return _Phase(peak)
+    at = totals.index(peak)
+    there = {b for first, last, b in spans if first <= at <= last}
     largest = sorted(there, key=lambda b: (-nbytes[b], b))
-    named = tuple((graph.names[b], nbytes[b]) for b in largest[:8])
-    return _Phase(peak, graph.names[order[at]], named, tuple(sorted(there))), alive
-
-
-def _backward_phase(graph: PeakGraph, saved: frozenset[int], recomputed: frozenset[int]) -> _Phase:
-    backward = _fuse_into_consumers(graph, _backward_order(graph, recomputed))
-    start = {i for i in saved if graph.kinds[i] is not Materialise.FREE}
-    start |= {i for i in graph.tangents if graph.kinds[i] is not Materialise.FREE}
-    b_buffers = _materialised(graph, backward, graph.gradients)
-    b_reads = _buffer_reads(graph, backward, b_buffers, start)
-    phase, _ = _run(graph, backward, b_buffers, start, set(graph.gradients), b_reads)
-    return phase
+    top = tuple((names[b], nbytes[b]) for b in largest[:8])
+    return _Phase(peak, names[order[at]], top, tuple(sorted(there)))
 
 
 def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[int]) -> PeakPrediction:
@@ -398,28 +361,17 @@ def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[i
     Indices are values of ``graph``.  Bytes are above what is resident before
     the forward starts.
     """
-    saved_set = frozenset(saved)
-    recomputed_set = frozenset(recomputed)
-    forward = _fuse_into_consumers(graph, _forward_order(graph, saved_set))
-    forward_kept = saved_set | {i for i in graph.outputs if not graph.backward[i]}
-    f_buffers = _materialised(graph, forward, forward_kept)
-    f_reads = _buffer_reads(graph, forward, f_buffers, set())
-    f_phase, _ = _run(graph, forward, f_buffers, (), set(forward_kept), f_reads)
-    b_phase = _backward_phase(graph, saved_set, recomputed_set)
+    return graph._simulator.predict(frozenset(saved), frozenset(recomputed))
 
-    if b_phase.peak > f_phase.peak:
-        phase_name, top = "backward", b_phase
-    else:
-        phase_name, top = "forward", f_phase
-    return PeakPrediction(
-        forward_bytes=f_phase.peak,
-        backward_bytes=b_phase.peak,
-        phase=phase_name,
-        node=top.node,
-        alive=top.alive,
-        saved_bytes=sum(graph.bytes[i] for i in saved_set if graph.kinds[i] is not Materialise.FREE),
-        alive_values=top.values,
-    )
+
+def backward_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[int]) -> int:
+    """``simulate_peak(graph, saved, recomputed).backward_bytes``, without simulating the forward."""
+    return graph._simulator.phase_peak(True, frozenset(saved), frozenset(recomputed))
+
+
+def forward_peak(graph: PeakGraph, saved: Iterable[int]) -> int:
+    """``simulate_peak(graph, saved, recomputed).forward_bytes``: the forward depends on ``saved`` only."""
+    return graph._simulator.phase_peak(False, frozenset(saved), frozenset())
 
 
 def predict_plan(graph: PeakGraph, plan: Plan) -> PeakPrediction:

@@ -44,9 +44,9 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ckpt.partitioner.peak import PeakGraph, PeakPrediction, predict_plan, simulate_peak
+from ckpt.partitioner.peak import PeakGraph, PeakPrediction, backward_peak, forward_peak, predict_plan
 from ckpt.partitioner.plan import Plan
-from ckpt.partitioner.problem import Problem, recompute_closure
+from ckpt.partitioner.problem import NearbyPlans, Problem
 from ckpt.partitioner.segments import segment_pin_sets
 
 __all__ = [
@@ -98,13 +98,22 @@ def _best_pin(problem: Problem, graph: PeakGraph, plan: Plan, prediction: PeakPr
     candidates = [i for i in alive if i in recomputed and problem.can_save[i]]
     candidates.sort(key=lambda i: (-problem.save_bytes[i], i))
     best: tuple[float, int] | None = None
-    saved = set(plan.saved)
     mapping = graph.problem_index
+    # Each trial saves one more value: its closure is the plan's less what that value alone needed.
+    nearby = NearbyPlans(problem, frozenset(plan.saved))
+    saved = frozenset(mapping[j] for j in plan.saved)
+    recomputed_values = frozenset(mapping[j] for j in plan.recomputed)
     for i in candidates[:MAX_CANDIDATES]:
-        trial = saved | {i}
-        rest = recompute_closure(problem, trial)
-        peak = simulate_peak(graph, (mapping[j] for j in trial), (mapping[j] for j in rest)).peak_bytes
-        gain = prediction.peak_bytes - peak
+        more, fewer = nearby.recompute_changes(nearby.base | {i})
+        trial_saved = saved | {mapping[i]}
+        rest = recomputed_values.difference(mapping[j] for j in fewer).union(mapping[j] for j in more)
+        # The trial's peak is at least its backward's: simulate the forward only if the gain that
+        # bound leaves could still be positive and beat the best score so far.
+        backward = backward_peak(graph, trial_saved, rest)
+        most = prediction.peak_bytes - backward
+        if most <= 0 or (best is not None and most / max(problem.save_bytes[i], 1) <= best[0]):
+            continue
+        gain = prediction.peak_bytes - max(backward, forward_peak(graph, trial_saved))
         if gain <= 0:
             continue
         score = gain / max(problem.save_bytes[i], 1)

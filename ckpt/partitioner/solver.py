@@ -39,13 +39,14 @@ from dataclasses import dataclass
 
 from ckpt.partitioner.min_cut import CutNetwork
 from ckpt.partitioner.plan import Plan, make_plan
-from ckpt.partitioner.problem import Problem, evaluate
+from ckpt.partitioner.problem import NearbyPlans, Problem, evaluate
 from ckpt.partitioner.repair import mix_plans
 
 __all__ = ["WORK_PER_EFFORT", "solve"]
 
-# Min-cut work (edges processed) that effort 1.0 buys the repair search: about a third of
-# a second of Python on one CPU core, whatever the graph's size.
+# Min-cut work that effort 1.0 buys the repair search, counted as the whole network's edges per
+# cut (however the cut is computed: contracted, warm-started or remembered): 0.1 to 0.3 s of
+# Python on one CPU core on the benchmark models, whatever the graph's size.
 WORK_PER_EFFORT = 200_000
 
 log = logging.getLogger(__name__)
@@ -71,14 +72,23 @@ class _Relaxation:
 
 
 class _Cutter:
-    """Runs priced min cuts on one problem and counts them."""
+    """Runs priced min cuts on one problem and counts them.
 
-    def __init__(self, problem: Problem) -> None:
+    The same cut comes back within one solve (the slack step starts with the
+    price search's first cuts again), so answers are remembered by price and
+    constraints.  A remembered cut still counts as a cut and as its work: the
+    work limit, and so the plan, stays what it was without the memo.
+    """
+
+    def __init__(self, problem: Problem, network: CutNetwork | None = None) -> None:
+        if network is not None and network.problem is not problem:
+            raise ValueError("solve: network= is the network of another problem; pass CutNetwork(problem) or None")
         self.problem = problem
-        self.network = CutNetwork(problem)
+        self.network = CutNetwork(problem) if network is None else network
         self.scale = problem.total_bytes + 1
         self.cuts = 0
         self.work = 0
+        self._answers: dict[tuple[int, int, frozenset[int], frozenset[int]], _Point | None] = {}
         m = self.scale
         self._save_key = [t * m + b for t, b in zip(problem.save_time, problem.save_bytes)]
         self._recompute_key = [t * m + b for t, b in zip(problem.recompute_time, problem.recompute_bytes)]
@@ -91,22 +101,33 @@ class _Cutter:
     def cut(self, alpha: int, beta: int, force: frozenset[int], forbid: frozenset[int]) -> _Point | None:
         self.cuts += 1
         self.work += self.network.num_edges
-        problem = self.problem
-        save_cost = [alpha * k + beta * b for k, b in zip(self._save_key, problem.save_bytes)]
-        recompute_cost = [alpha * k + beta * b for k, b in zip(self._recompute_key, problem.recompute_bytes)]
-        saved = self.network.saved_set(save_cost, recompute_cost, force_saved=force, forbid_saved=forbid)
-        return None if saved is None else self.point(saved)
-
-    def key_and_bytes(self, saved: frozenset[int]) -> tuple[int, int]:
-        point = self.point(saved)
-        return point.key, point.bytes
+        key = (alpha, beta, force, forbid)
+        if key not in self._answers:
+            problem = self.problem
+            save_cost = [alpha * k + beta * b for k, b in zip(self._save_key, problem.save_bytes)]
+            recompute_cost = [alpha * k + beta * b for k, b in zip(self._recompute_key, problem.recompute_bytes)]
+            saved = self.network.saved_set(
+                save_cost, recompute_cost, force_saved=force, forbid_saved=forbid, price=(alpha, beta)
+            )
+            self._answers[key] = None if saved is None else self.point(saved)
+        return self._answers[key]
 
     def mix(self, relaxation: _Relaxation, budget: int) -> _Point | None:
-        """The repair step: a mixed plan between the two hull points, if it beats ``lean``."""
+        """The repair step: a mixed plan between the two hull points, if it beats ``lean``.
+
+        The mixed plans are ``lean`` with parts switched, so they are evaluated
+        from ``lean``'s closure (:class:`NearbyPlans`), not each from scratch.
+        """
         fast, lean = relaxation.fast, relaxation.lean
         assert fast is not None and lean is not None
+        nearby = NearbyPlans(self.problem, lean.saved)
+
+        def key_and_bytes(saved: frozenset[int]) -> tuple[int, int]:
+            time, memory = nearby.cost(saved)
+            return time * self.scale + memory, memory
+
         mixed = mix_plans(
-            self.problem, (fast.saved, fast.recomputed), (lean.saved, lean.recomputed), budget, self.key_and_bytes
+            self.problem, (fast.saved, fast.recomputed), (lean.saved, lean.recomputed), budget, key_and_bytes
         )
         return None if mixed is None else self.point(mixed)
 
@@ -193,6 +214,7 @@ def solve(
     slack_ps: int = 0,
     force_saved: frozenset[int] = frozenset(),
     forbid_saved: frozenset[int] = frozenset(),
+    network: CutNetwork | None = None,
 ) -> Plan:
     """The least-time plan with saved bytes <= ``budget_bytes`` (None: no cap).
 
@@ -216,10 +238,15 @@ def solve(
 
     ``force_saved`` values are saved and ``forbid_saved`` values are not, in
     every plan considered (the peak search pins values this way).
+
+    ``network``: a :class:`CutNetwork` of ``problem`` to cut on, kept by a
+    caller that solves the problem again (with other budgets or pins): its
+    cuts then start from the flows of earlier solves' cuts.  Plans are the
+    same with or without it.
     """
     if effort < 0:
         raise ValueError(f"solve: effort={effort!r} must be >= 0")
-    cutter = _Cutter(problem)
+    cutter = _Cutter(problem, network)
     pinned = _Pinned(frozenset(force_saved), frozenset(forbid_saved))
     root = cutter.relax(budget_bytes, pinned.force, pinned.forbid)
     assert root is not None  # no work limit at the root

@@ -1,0 +1,387 @@
+"""The peak simulator's orders and allocations, on flat per-graph tables.
+
+:mod:`ckpt.partitioner.peak` says what a plan's simulation replays; this
+module computes each phase's execution order and which of its values
+allocate, the expensive part of every simulation.  The peak search simulates
+dozens of plans of one graph (16 candidate pins per step), so everything that
+depends on the graph alone is built once into a :class:`GraphIndex`: kind
+codes, reader lists, the forward that every plan computes, the backward's own
+values.  A phase is then a few linear passes over lists and bytearrays
+indexed by value, instead of sets and dicts built afresh.  Every function here
+gives exactly what the straightforward set-based replay gives (the peak
+module's docstring is the specification); only the bookkeeping differs.
+
+The forward's order depends on the plan only through the saved values it
+does not compute anyway, which few plans have, so its orders are memoised by
+those values.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["BUFFER", "FREE", "FUSIBLE", "RANDOM", "REDUCTION", "GraphIndex", "PhaseOrder"]
+
+# Kind codes, one per ``Materialise`` member (the peak module maps them).
+BUFFER, REDUCTION, FUSIBLE, RANDOM, FREE = range(5)
+
+# Inductor realises a pointwise value that several kernels read when its inlined body loads
+# more than realize_reads_threshold (4) buffers or has more than realize_opcount_threshold (30)
+# ops; otherwise each consumer recomputes it inline.
+_REALIZE_READS = 4
+_REALIZE_OPS = 30
+
+# Forward orders kept per graph: one per set of extra forward values, and few plans have any.
+_FORWARD_MEMO = 32
+
+
+@dataclass(frozen=True)
+class PhaseOrder:
+    """One phase's values in execution order, and what allocates whatever the plan keeps.
+
+    ``position[v]`` is ``v``'s place in ``order``, -1 outside the phase;
+    ``buffers`` flags the values that allocate before kept values and random
+    draws are added; ``randoms`` lists the phase's random draws in order.
+    """
+
+    order: tuple[int, ...]
+    position: list[int]
+    buffers: bytearray
+    randoms: tuple[int, ...]
+
+
+class GraphIndex:
+    """The plan-independent tables of one peak graph, built once and reused by every simulation."""
+
+    def __init__(
+        self,
+        inputs: Sequence[tuple[int, ...]],
+        kinds: Sequence[int],
+        nbytes: Sequence[int],
+        backward: Sequence[bool],
+        required: Sequence[bool],
+        outputs: Iterable[int],
+        tangents: Iterable[int],
+    ) -> None:
+        n = len(inputs)
+        self.n = n
+        self.inputs = inputs
+        self.kinds = kinds
+        self.nbytes = nbytes
+        self.backward = backward
+        self.inlined = bytearray(k == FUSIBLE or k == RANDOM for k in kinds)
+        self.is_reduction = bytearray(k == REDUCTION for k in kinds)
+        # Inputs by kind, for the passes that only follow pointwise values.
+        self.inlined_inputs = [tuple(p for p in preds if self.inlined[p]) for preds in inputs]
+        self.fusible_inputs = [tuple(p for p in preds if kinds[p] == FUSIBLE) for preds in inputs]
+        self.allocating_inputs = [
+            tuple(p for p in preds if kinds[p] != FREE) for preds in inputs
+        ]  # FREE never allocates
+        readers: list[list[int]] = [[] for _ in range(n)]
+        for i, preds in enumerate(inputs):
+            for p in preds:
+                readers[p].append(i)
+        self.readers = readers
+        tangent_set = frozenset(tangents)
+        self.reads_tangent = bytearray(any(p in tangent_set for p in preds) for preds in inputs)
+        # The forward every plan computes: ancestors of what it must produce.
+        seeds = [i for i in range(n) if required[i] and not backward[i]]
+        self.forward_base = self._ancestors(bytearray(n), seeds + [i for i in outputs if not backward[i]])
+        self.forward_base_order = tuple(i for i in range(n) if self.forward_base[i])
+        self._forward_memo: dict[frozenset[int], PhaseOrder] = {}
+        # The backward's own values: every plan's backward runs them.
+        self.backward_base = bytearray(backward[i] and i not in tangent_set for i in range(n))
+        self.backward_base_order = tuple(i for i in range(n) if self.backward_base[i])
+        self.backward_first_reader = next((i for i in self.backward_base_order if self.reads_tangent[i]), n)
+        # A reduction whose candidate sources are all the backward's own values has the same sources in
+        # every backward, whatever is recomputed.
+        always = [0 if self.backward_base[i] else -1 for i in range(n)]
+        self._backward_sources = {
+            r: self._sources(r, always)
+            for r in self.backward_base_order
+            if kinds[r] == REDUCTION
+            and all(
+                always[p] == 0 and all(always[q] == 0 for q in self.fusible_inputs[p]) for p in self.fusible_inputs[r]
+            )
+        }
+
+    def _ancestors(self, keep: bytearray, stack: list[int]) -> bytearray:
+        """Mark the forward ancestors of ``stack`` in ``keep`` (backward values stop the walk)."""
+        backward, inputs = self.backward, self.inputs
+        while stack:
+            i = stack.pop()
+            if keep[i] or backward[i]:
+                continue
+            keep[i] = 1
+            stack.extend(inputs[i])
+        return keep
+
+    def forward(self, saved: Iterable[int]) -> PhaseOrder:
+        """The forward's fused order: ancestors of what it must produce or save."""
+        base, backward = self.forward_base, self.backward
+        extra = [i for i in saved if not base[i] and not backward[i]]
+        if not extra:
+            key: frozenset[int] = frozenset()
+        else:
+            keep = self._ancestors(bytearray(base), extra)
+            key = frozenset(i for i in range(self.n) if keep[i] and not base[i])
+        memo = self._forward_memo
+        phase = memo.pop(key, None)
+        if phase is None:
+            if key:
+                order = [i for i in range(self.n) if base[i] or i in key]
+            else:
+                order = list(self.forward_base_order)
+            phase = self.phase(order)
+            if len(memo) >= _FORWARD_MEMO:
+                del memo[next(iter(memo))]
+        memo[key] = phase  # most recently used last
+        return phase
+
+    def backward_order(self, recomputed: Iterable[int]) -> list[int]:
+        """The backward's values in the order torch's ``reordering_to_mimic_autograd_engine`` gives.
+
+        From the first value that reads a tangent on, each value in graph
+        order brings in its inputs that are not there yet (recomputed values
+        and backward values before it) and their own, in graph order.
+        """
+        member = bytearray(self.backward_base)
+        extra = [i for i in recomputed if not member[i]]
+        first = self.backward_first_reader
+        for i in extra:
+            member[i] = 1
+            if self.reads_tangent[i] and i < first:
+                first = i
+        if first == self.n:
+            return [i for i in range(self.n) if member[i]]
+        inputs = self.inputs
+        anchors = self.backward_base_order[self._base_from(first) :]
+        later = [i for i in extra if i >= first]
+        if later:
+            anchors = tuple(sorted(later + list(anchors)))
+        placed = bytearray(self.n)
+        order: list[int] = []
+        for i in anchors:
+            if placed[i]:
+                continue
+            placed[i] = 1
+            for p in inputs[i]:
+                if member[p] and not placed[p]:
+                    break
+            else:  # most values bring nothing in: their inputs are placed or not in the backward
+                order.append(i)
+                continue
+            needed = [i]
+            stack = list(inputs[i])
+            while stack:
+                value = stack.pop()
+                if member[value] and not placed[value]:
+                    placed[value] = 1
+                    needed.append(value)
+                    stack.extend(inputs[value])
+            needed.sort()
+            order.extend(needed)
+        return order
+
+    def _base_from(self, first: int) -> int:
+        """Where the backward's own values from ``first`` on start in ``backward_base_order``."""
+        order = self.backward_base_order
+        low, high = 0, len(order)
+        while low < high:
+            mid = (low + high) // 2
+            if order[mid] < first:
+                low = mid + 1
+            else:
+                high = mid
+        return low
+
+    def backward_phase(self, recomputed: Iterable[int]) -> PhaseOrder:
+        """The backward's phase when ``recomputed`` are recomputed."""
+        return self.phase(self.backward_order(recomputed), self._backward_sources)
+
+    def phase(self, order: list[int], known: dict[int, list[int]] | None = None) -> PhaseOrder:
+        """The phase that runs ``order`` (in graph dependency order): fused, with its plan-independent buffers.
+
+        ``known``: sources of reductions that are the same whatever else the phase runs.
+        """
+        position = self._positions(order)
+        joined = self._join_sibling_reductions(order, position, known or {})
+        if joined is not order:
+            position = self._positions(joined)
+        fused = self._fuse_into_consumers(joined, position)
+        position = self._positions(fused)
+        kinds = self.kinds
+        randoms = tuple(v for v in fused if kinds[v] == RANDOM)
+        return PhaseOrder(tuple(fused), position, self._materialised(fused, position), randoms)
+
+    def _positions(self, order: Sequence[int]) -> list[int]:
+        position = [-1] * self.n
+        for k, v in enumerate(order):
+            position[v] = k
+        return position
+
+    def _sources(self, i: int, position: list[int]) -> list[int]:
+        """The largest pointwise values a reduction at ``i`` reads, directly or through one pointwise op.
+
+        Two levels cover a reduction of ``g`` and of ``g * x``; deeper chains
+        reach the residual stream, which every layer's reductions share.  Only
+        the largest count: small operands (scalars, statistics) are shared by
+        unrelated kernels.
+        """
+        fusible_inputs = self.fusible_inputs
+        found: set[int] = set()
+        for p in fusible_inputs[i]:
+            if position[p] >= 0:
+                found.add(p)
+                found.update(q for q in fusible_inputs[p] if position[q] >= 0)
+        if not found:
+            return []
+        nbytes = self.nbytes
+        largest = max(nbytes[v] for v in found)
+        return [v for v in found if nbytes[v] == largest] if largest > 0 else []
+
+    def _join_sibling_reductions(self, order: list[int], position: list[int], known: dict[int, list[int]]) -> list[int]:
+        """Move each reduction to its last sibling (a reduction over a shared pointwise value).
+
+        Inductor computes reductions over the same values in one kernel, so the
+        earlier ones wait for the later ones' inputs.  A reduction never moves
+        past a value that reads it.  ``position`` is ``order``'s; ``order``
+        itself comes back if nothing moves.
+        """
+        readers = self.readers
+        reductions = list(itertools.compress(range(len(order)), map(self.is_reduction.__getitem__, order)))
+        sources = [known[order[k]] if order[k] in known else self._sources(order[k], position) for k in reductions]
+        last_reader: dict[int, int] = {}  # source -> position of the last reduction over it
+        for k, found in zip(reductions, sources):
+            for s in found:
+                last_reader[s] = k  # positions rise, so the last write is the latest
+        moved: dict[int, list[int]] = {}  # target position -> reductions moved there, in order
+        stays = bytearray(b"\x01") * len(order)
+        for k, found in zip(reductions, sources):
+            last = max([last_reader[s] for s in found], default=k)
+            if last <= k:
+                continue
+            first_reader = min([position[r] for r in readers[order[k]] if position[r] >= 0], default=len(order))
+            target = min(last, first_reader - 1)
+            if target > k:
+                moved.setdefault(target, []).append(order[k])
+                stays[k] = 0
+        if not moved:
+            return order
+        result: list[int] = []
+        done = 0
+        for target in sorted(moved):  # the values before each target that stay, then what moves there
+            result.extend(itertools.compress(order[done:target], stays[done:target]))
+            result.extend(moved[target])
+            done = target
+        result.extend(itertools.compress(order[done:], stays[done:]))
+        return result
+
+    def _fuse_into_consumers(self, order: list[int], position: list[int]) -> list[int]:
+        """``order`` with each pointwise value moved to just before its first consumer in the phase.
+
+        Inductor computes a pointwise value inside the kernel of its consumer,
+        so it runs (and its inputs stay alive) until that kernel, not at its
+        own place in the graph.  Chains of pointwise values move together, in
+        graph order.  ``position`` is ``order``'s.
+        """
+        inlined_inputs = self.inlined_inputs
+        deferred = bytearray(self.n)
+        for i in order:
+            for p in inlined_inputs[i]:
+                if position[p] >= 0:
+                    deferred[p] = 1
+        placed = bytearray(self.n)
+        result: list[int] = []
+        for i in order:
+            if deferred[i]:
+                continue
+            for p in inlined_inputs[i]:
+                if deferred[p] and not placed[p]:
+                    break
+            else:  # no pointwise input waits for this kernel
+                result.append(i)
+                continue
+            pending: list[int] = []
+            stack = list(inlined_inputs[i])
+            while stack:
+                value = stack.pop()
+                if deferred[value] and not placed[value]:
+                    placed[value] = 1
+                    pending.append(value)
+                    stack.extend(inlined_inputs[value])
+            pending.sort(key=position.__getitem__)
+            result.extend(pending)
+            result.append(i)
+        result.extend(v for v in order if deferred[v] and not placed[v])
+        return result
+
+    def _heavy(self, i: int, position: list[int]) -> bool:
+        """Whether the pointwise chain ending at ``i`` is too big for Inductor to inline twice."""
+        inputs, kinds = self.inputs, self.kinds
+        ops: set[int] = set()
+        leaves: set[int] = set()
+        stack = [i]
+        while stack:
+            value = stack.pop()
+            if value in ops:
+                continue
+            ops.add(value)
+            for p in inputs[value]:
+                if position[p] >= 0 and kinds[p] == FUSIBLE:
+                    stack.append(p)
+                elif kinds[p] != FREE:
+                    leaves.add(p)
+            if len(ops) > _REALIZE_OPS or len(leaves) > _REALIZE_READS:
+                return True
+        return False
+
+    def _materialised(self, order: Sequence[int], position: list[int]) -> bytearray:
+        """The values of the phase that allocate, whatever the plan keeps (kept values and draws come later)."""
+        kinds, inlined_inputs, readers = self.kinds, self.inlined_inputs, self.readers
+        result = bytearray(self.n)
+        heavy: dict[int, bool] = {}
+        for i in order:
+            kind = kinds[i]
+            if kind == BUFFER:  # a library call: its pointwise inputs are materialised for it
+                result[i] = 1
+                for p in inlined_inputs[i]:
+                    if position[p] >= 0:
+                        result[p] = 1
+            elif kind == REDUCTION:
+                result[i] = 1
+                for p in inlined_inputs[i]:
+                    if position[p] >= 0 and not result[p]:
+                        if p not in heavy:
+                            shared = sum(1 for r in readers[p] if position[r] >= 0) > 1
+                            heavy[p] = shared and self._heavy(p, position)
+                        if heavy[p]:
+                            result[p] = 1
+        return result
+
+    def add_random_draws(self, phase: PhaseOrder, buffers: bytearray) -> None:
+        """Flag in ``buffers`` the phase's random draws that two kernels read (in order: each may add one)."""
+        for i in phase.randoms:
+            if not buffers[i] and self._read_by_two_kernels(i, phase.position, buffers):
+                buffers[i] = 1
+
+    def _read_by_two_kernels(self, i: int, position: list[int], buffers: bytearray) -> bool:
+        """Whether two kernels read ``i``: two allocating values downstream of it through inlined ones."""
+        readers, inlined = self.readers, self.inlined
+        kernels: set[int] = set()
+        seen: set[int] = set()
+        stack = [r for r in readers[i] if position[r] >= 0]
+        while stack:
+            value = stack.pop()
+            if value in seen:
+                continue
+            seen.add(value)
+            if inlined[value] and not buffers[value]:
+                stack.extend(r for r in readers[value] if position[r] >= 0)
+            else:
+                kernels.add(value)
+                if len(kernels) > 1:
+                    return True
+        return False

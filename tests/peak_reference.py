@@ -1,0 +1,321 @@
+"""The peak simulator as first written: plain sets and dicts, rebuilt for every plan.
+
+:mod:`ckpt.partitioner.peak` computes the same predictions on per-graph
+tables (:mod:`ckpt.partitioner.peak_order`); this straightforward version is
+the specification the tests hold it to, value for value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ckpt.partitioner.peak import Materialise, PeakGraph, PeakPrediction
+
+__all__ = ["simulate_peak"]
+
+_INLINED = (Materialise.FUSIBLE, Materialise.RANDOM)
+
+
+@dataclass
+class _Phase:
+    peak: int = 0
+    node: str = ""
+    alive: tuple[tuple[str, int], ...] = ()
+    values: tuple[int, ...] = ()
+
+
+def _forward_order(graph: PeakGraph, saved: frozenset[int]) -> list[int]:
+    """Forward values the forward graph computes: ancestors of what it must produce or save."""
+    keep = bytearray(len(graph))
+    stack = [i for i in range(len(graph)) if not graph.backward[i] and (graph.required[i] or i in saved)]
+    stack += [i for i in graph.outputs if not graph.backward[i]]
+    while stack:
+        i = stack.pop()
+        if keep[i] or graph.backward[i]:
+            continue
+        keep[i] = 1
+        stack.extend(graph.inputs[i])
+    return [i for i in range(len(graph)) if keep[i]]
+
+
+def _backward_order(graph: PeakGraph, recomputed: frozenset[int]) -> list[int]:
+    """The backward's values in the order torch's ``reordering_to_mimic_autograd_engine`` gives.
+
+    From the first value that reads a tangent on, each value in graph order
+    brings in everything it needs that is not there yet (recomputed values
+    and backward values before it), in graph order.
+    """
+    members = {i for i in range(len(graph)) if graph.backward[i] and i not in graph.tangents} | set(recomputed)
+    readers = [i for i in sorted(members) if any(p in graph.tangents for p in graph.inputs[i])]
+    if not readers:
+        return sorted(members)
+    order: list[int] = []
+    placed: set[int] = set()
+    for i in range(readers[0], len(graph)):
+        if i not in members or i in placed:
+            continue
+        needed: set[int] = set()
+        stack = [i]
+        while stack:
+            value = stack.pop()
+            if value in needed or value in placed:
+                continue
+            needed.add(value)
+            stack.extend(p for p in graph.inputs[value] if p in members)
+        order.extend(sorted(needed))
+        placed |= needed
+    return order
+
+
+# Inductor realises a pointwise value that several kernels read when its inlined body loads
+# more than realize_reads_threshold (4) buffers or has more than realize_opcount_threshold (30)
+# ops; otherwise each consumer recomputes it inline.
+_REALIZE_READS = 4
+_REALIZE_OPS = 30
+
+
+def _heavy(graph: PeakGraph, i: int, members: set[int]) -> bool:
+    """Whether the pointwise chain ending at ``i`` is too big for Inductor to inline twice."""
+    ops: set[int] = set()
+    leaves: set[int] = set()
+    stack = [i]
+    while stack:
+        value = stack.pop()
+        if value in ops:
+            continue
+        ops.add(value)
+        for p in graph.inputs[value]:
+            if p in members and graph.kinds[p] is Materialise.FUSIBLE:
+                stack.append(p)
+            elif graph.kinds[p] is not Materialise.FREE:
+                leaves.add(p)
+        if len(ops) > _REALIZE_OPS or len(leaves) > _REALIZE_READS:
+            return True
+    return False
+
+
+def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -> set[int]:
+    """The values of ``order`` that allocate in this phase."""
+    members = set(order)
+    readers: dict[int, list[int]] = {}
+    for i in order:
+        for p in graph.inputs[i]:
+            readers.setdefault(p, []).append(i)
+    result = {i for i in kept if graph.kinds[i] is not Materialise.FREE}
+    for i in order:
+        kind = graph.kinds[i]
+        if kind is Materialise.BUFFER or kind is Materialise.REDUCTION:
+            result.add(i)
+        for p in graph.inputs[i]:
+            if p not in members or graph.kinds[p] not in _INLINED:
+                continue
+            library_input = kind is Materialise.BUFFER
+            realised = kind is Materialise.REDUCTION and len(readers[p]) > 1 and _heavy(graph, p, members)
+            if library_input or realised:
+                result.add(p)
+    for i in order:
+        if graph.kinds[i] is Materialise.RANDOM and i not in result and _read_by_two_kernels(graph, i, readers, result):
+            result.add(i)
+    return result
+
+
+def _read_by_two_kernels(graph: PeakGraph, i: int, readers: dict[int, list[int]], buffers: set[int]) -> bool:
+    """Whether two kernels read ``i``: two allocating values downstream of it through inlined ones."""
+    kernels: set[int] = set()
+    seen: set[int] = set()
+    stack = list(readers.get(i, ()))
+    while stack:
+        value = stack.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        if graph.kinds[value] in _INLINED and value not in buffers:
+            stack.extend(readers.get(value, ()))
+        else:
+            kernels.add(value)
+            if len(kernels) > 1:
+                return True
+    return False
+
+
+def _sources(graph: PeakGraph, i: int, members: set[int]) -> set[int]:
+    """The largest pointwise values a reduction at ``i`` reads, directly or through one pointwise op.
+
+    Two levels cover a reduction of ``g`` and of ``g * x``; deeper chains reach
+    the residual stream, which every layer's reductions share.  Only the
+    largest count: small operands (scalars, statistics) are shared by
+    unrelated kernels.
+    """
+    found: set[int] = set()
+    for p in graph.inputs[i]:
+        if p in members and graph.kinds[p] is Materialise.FUSIBLE:
+            found.add(p)
+            found.update(q for q in graph.inputs[p] if q in members and graph.kinds[q] is Materialise.FUSIBLE)
+    largest = max((graph.bytes[v] for v in found), default=0)
+    return {v for v in found if graph.bytes[v] == largest and largest > 0}
+
+
+def _join_sibling_reductions(graph: PeakGraph, order: list[int]) -> list[int]:
+    """Move each reduction to its last sibling (a reduction over a shared pointwise value).
+
+    Inductor computes reductions over the same values in one kernel, so the
+    earlier ones wait for the later ones' inputs.  A reduction never moves past
+    a value that reads it.
+    """
+    members = set(order)
+    position = {v: k for k, v in enumerate(order)}
+    readers: dict[int, int] = {}
+    for k, v in enumerate(order):
+        for p in graph.inputs[v]:
+            readers.setdefault(p, k)
+    reductions = [v for v in order if graph.kinds[v] is Materialise.REDUCTION]
+    sources = {r: _sources(graph, r, members) for r in reductions}
+    last_reader: dict[int, int] = {}  # source -> position of the last reduction over it
+    for r in reductions:
+        for s in sources[r]:
+            last_reader[s] = max(last_reader.get(s, -1), position[r])
+    target: dict[int, int] = {}
+    for r in reductions:
+        last = max((last_reader[s] for s in sources[r]), default=position[r])
+        limit = readers.get(r, len(order)) - 1
+        target[r] = max(position[r], min(last, limit))
+    return sorted(order, key=lambda v: (target.get(v, position[v]), v not in target, position[v]))
+
+
+def _fuse_into_consumers(graph: PeakGraph, order: Sequence[int]) -> list[int]:
+    """``order`` with each pointwise value moved to just before its first consumer in the phase.
+
+    Inductor computes a pointwise value inside the kernel of its consumer, so
+    it runs (and its inputs stay alive) until that kernel, not at its own place
+    in the graph.  Chains of pointwise values move together, in graph order.
+    """
+    order = _join_sibling_reductions(graph, list(order))
+    members = set(order)
+    position = {v: k for k, v in enumerate(order)}
+    consumed: set[int] = set()
+    for i in order:
+        consumed.update(p for p in graph.inputs[i] if p in members)
+    deferred = {i for i in order if graph.kinds[i] in _INLINED and i in consumed}
+    result: list[int] = []
+    placed: set[int] = set()
+    for i in order:
+        if i in deferred:
+            continue
+        pending: set[int] = set()
+        stack = [p for p in graph.inputs[i] if p in deferred and p not in placed]
+        while stack:
+            value = stack.pop()
+            if value in pending:
+                continue
+            pending.add(value)
+            stack.extend(p for p in graph.inputs[value] if p in deferred and p not in placed)
+        result.extend(sorted(pending, key=position.__getitem__))
+        placed |= pending
+        result.append(i)
+        placed.add(i)
+    result.extend(v for v in order if v in deferred and v not in placed)
+    return result
+
+
+def _buffer_reads(
+    graph: PeakGraph, order: Sequence[int], buffers: set[int], available: set[int]
+) -> dict[int, set[int]]:
+    """For each value of ``order``: the buffers its kernel reads, looking through fused values."""
+    reads: dict[int, set[int]] = {}
+    for i in order:
+        found: set[int] = set()
+        for p in graph.inputs[i]:
+            if p in buffers or p in available:
+                found.add(p)
+            elif p in reads:
+                found |= reads[p]
+        reads[i] = found
+    return reads
+
+
+def _run(
+    graph: PeakGraph,
+    order: Sequence[int],
+    buffers: set[int],
+    start: Iterable[int],
+    keep: set[int],
+    reads: dict[int, set[int]],
+) -> tuple[_Phase, set[int]]:
+    """Allocate and free along ``order``; the phase's peak and what is alive at its end.
+
+    The first pass finds the peak's position; a second, up to it, recovers
+    what is alive there (cheaper than copying the alive set at every new high).
+    """
+    last_use: dict[int, int] = {}
+    for position, i in enumerate(order):
+        for b in reads[i]:
+            last_use[b] = position
+    nbytes = graph.bytes
+
+    def walk(stop: int) -> tuple[int, int, set[int]]:
+        alive = {b for b in start if b in keep or b in last_use}
+        total = sum(nbytes[b] for b in alive)
+        peak, at = sum(nbytes[b] for b in start), -1
+        for position, i in enumerate(order):
+            if i in buffers and i not in alive:
+                alive.add(i)
+                total += nbytes[i]
+            if total > peak or at < 0:
+                peak, at = total, position
+            if position == stop:
+                break
+            freed = reads[i] | {i} if i in buffers else reads[i]
+            for b in freed:
+                if b in alive and b not in keep and last_use.get(b, -1) <= position:
+                    alive.discard(b)
+                    total -= nbytes[b]
+        return peak, at, alive
+
+    peak, at, alive = walk(len(order))
+    if at < 0:  # an empty phase
+        return _Phase(peak, "", ()), alive
+    _, _, there = walk(at)
+    largest = sorted(there, key=lambda b: (-nbytes[b], b))
+    named = tuple((graph.names[b], nbytes[b]) for b in largest[:8])
+    return _Phase(peak, graph.names[order[at]], named, tuple(sorted(there))), alive
+
+
+def _backward_phase(graph: PeakGraph, saved: frozenset[int], recomputed: frozenset[int]) -> _Phase:
+    backward = _fuse_into_consumers(graph, _backward_order(graph, recomputed))
+    start = {i for i in saved if graph.kinds[i] is not Materialise.FREE}
+    start |= {i for i in graph.tangents if graph.kinds[i] is not Materialise.FREE}
+    b_buffers = _materialised(graph, backward, graph.gradients)
+    b_reads = _buffer_reads(graph, backward, b_buffers, start)
+    phase, _ = _run(graph, backward, b_buffers, start, set(graph.gradients), b_reads)
+    return phase
+
+
+def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[int]) -> PeakPrediction:
+    """The forward and backward peaks of the plan that saves ``saved`` and recomputes ``recomputed``.
+
+    Indices are values of ``graph``.  Bytes are above what is resident before
+    the forward starts.
+    """
+    saved_set = frozenset(saved)
+    recomputed_set = frozenset(recomputed)
+    forward = _fuse_into_consumers(graph, _forward_order(graph, saved_set))
+    forward_kept = saved_set | {i for i in graph.outputs if not graph.backward[i]}
+    f_buffers = _materialised(graph, forward, forward_kept)
+    f_reads = _buffer_reads(graph, forward, f_buffers, set())
+    f_phase, _ = _run(graph, forward, f_buffers, (), set(forward_kept), f_reads)
+    b_phase = _backward_phase(graph, saved_set, recomputed_set)
+
+    if b_phase.peak > f_phase.peak:
+        phase_name, top = "backward", b_phase
+    else:
+        phase_name, top = "forward", f_phase
+    return PeakPrediction(
+        forward_bytes=f_phase.peak,
+        backward_bytes=b_phase.peak,
+        phase=phase_name,
+        node=top.node,
+        alive=top.alive,
+        saved_bytes=sum(graph.bytes[i] for i in saved_set if graph.kinds[i] is not Materialise.FREE),
+        alive_values=top.values,
+    )
