@@ -33,8 +33,9 @@ from ckpt.partitioner.problem import Problem
 
 __all__ = ["SEGMENT_COUNTS", "ForwardCuts", "Frontier", "forward_frontiers", "segment_pin_sets", "segment_pins"]
 
-# Segment counts offered to the solver: about sqrt(2) apart, up to 32 segments.  Each is one
-# solve, and the search stops at the first whose pins alone exceed the budget.
+# Segment counts offered to the solver: about sqrt(2) apart, up to 32 segments (a coarser
+# ladder misses the best cut of small stacks).  Each is one solve; the search stops at the
+# first plan within its cap, or over its budget.
 SEGMENT_COUNTS = (2, 3, 4, 6, 8, 11, 16, 23, 32)
 
 
