@@ -74,6 +74,9 @@ TIE_BREAK_STEPS = 2
 # A relative difference in predicted peak the tie-break treats as no difference.
 PEAK_RESOLUTION = 0.01
 MAX_CANDIDATES = 16  # values tried per step, largest first; each costs one peak simulation
+# A cap this close below the solver's plan's peak (a share of it) is walked to from that
+# plan first; a cap further below, from the best segment plan.
+NEAR_CAP = 0.1
 
 
 @dataclass(frozen=True)
@@ -203,16 +206,16 @@ def cap_peak(
     """The fastest plan found whose predicted peak is within ``peak_cap`` (and the budget).
 
     First the segment plans (a few boundaries saved at once,
-    :func:`segment_plans`).  Then the walk (one pin at a time):
-
-    * if no segment plan is within the cap, the cap is tight: the walk starts
-      from the segment plan with the lowest peak (its boundaries kept
-      pinned), near the cap, rather than from the solver's own plan, far above
-      it (on a 28-layer transformer at budget 0.1, eleven steps against one);
-    * otherwise, or if that walk ends without reaching the cap, it starts
-      from the solver's own plan, the fastest start, and stops once its plans
-      are no faster than the fastest candidate within the cap (a walk only
-      adds constraints).
+    :func:`segment_plans`).  Then the walk (one pin at a time), from the
+    solver's own plan, the fastest start; it stops once its plans are no
+    faster than the fastest candidate within the cap (a walk only adds
+    constraints).  If no segment plan is within the cap, a second walk
+    starts from the segment plan with the lowest peak (its boundaries kept
+    pinned), and the nearer start goes first: the solver's plan when the cap
+    is within :data:`NEAR_CAP` of its peak (a few pins meet it), else the
+    segment plan (on a 28-layer transformer at budget 0.1, one step where
+    the walk from the solver's plan takes eleven).  The second walk runs
+    only if the first ends without reaching the cap.
 
     A walk stops at its first plan within the cap.  If no plan is within the
     cap, the plan with the lowest peak (the fastest among equals) among those
@@ -222,14 +225,16 @@ def cap_peak(
     candidates = segment_plans(problem, graph, solve_fn, budget_bytes)
     fits = [c for c in candidates if c.prediction.peak_bytes <= peak_cap]
     best = min(fits, key=lambda c: (c.plan.time, c.prediction.peak_bytes)) if fits else None
-    walks: list[frozenset[int]] = []
+    start_peak = predict_plan(graph, solve_fn(budget_bytes, frozenset())).peak_bytes
+    walks: list[frozenset[int]] = [frozenset()]
     if best is None and candidates:
-        walks.append(min(candidates, key=lambda c: (c.prediction.peak_bytes, c.plan.time)).pins)
-    walks.append(frozenset())
+        segment = min(candidates, key=lambda c: (c.prediction.peak_bytes, c.plan.time)).pins
+        near = start_peak - peak_cap <= NEAR_CAP * start_peak
+        walks = [frozenset(), segment] if near else [segment, frozenset()]
     steps = -1
     for start, pins in enumerate(walks):
-        if start > 0 and best is not None and best.pins:
-            break  # the tight cap was reached from the segments' walk
+        if start > 0 and best is not None:
+            break
         for plan, prediction in peak_walk(problem, graph, solve_fn, budget_bytes, peak_cap, pinned=pins):
             steps += 1
             if best is not None and plan.time >= best.plan.time:
@@ -239,7 +244,6 @@ def cap_peak(
                 best = candidate
                 break
             candidates.append(candidate)
-    start_peak = predict_plan(graph, solve_fn(budget_bytes, frozenset())).peak_bytes
     if best is not None:
         low = min([best.prediction.peak_bytes] + [c.prediction.peak_bytes for c in candidates])
         return PeakSearchResult(best.plan, best.prediction, True, start_peak, low, steps)
@@ -308,12 +312,7 @@ REFERENCE_RUNGS = (0.5, 0.25, 0.125, 0.0625)
 
 
 def budget_peak(
-    problem: Problem,
-    graph: PeakGraph,
-    solve_fn: SolveFn,
-    budget_bytes: int | None,
-    slack: int,
-    search_fn: SolveFn | None = None,
+    problem: Problem, graph: PeakGraph, solve_fn: SolveFn, budget_bytes: int | None, slack: int
 ) -> BudgetPeakResult:
     """The budget-alone rule: a smaller budget lowers saved bytes without raising the peak, where it can.
 
@@ -329,9 +328,6 @@ def budget_peak(
        (:func:`cap_peak`) finds within the budget and at or below the
        reference replaces it, whatever its time.  If there is none, the lower
        of the two peaks is kept and ``raises_peak`` says so.
-
-    ``search_fn`` (default ``solve_fn``) solves for steps 2 and 3, whose plans
-    only set and meet the reference: a lower solver effort suits them.
     """
 
     def tie_break(budget: int | None) -> PeakSearchResult:
@@ -343,16 +339,15 @@ def budget_peak(
         return BudgetPeakResult(result, result.prediction.peak_bytes, False)
     free = tie_break(None)
     reference = free.prediction.peak_bytes
-    search = solve_fn if search_fn is None else search_fn
     for fraction in REFERENCE_RUNGS:
         rung = int(free.plan.bytes * fraction)
         if rung <= budget_bytes:
             break
-        reference = min(reference, predict_plan(graph, search(rung, frozenset())).peak_bytes)
+        reference = min(reference, predict_plan(graph, solve_fn(rung, frozenset())).peak_bytes)
     limit = reference * (1 + PEAK_RESOLUTION)
     if result.prediction.peak_bytes <= limit:
         return BudgetPeakResult(result, reference, False)
-    capped = cap_peak(problem, graph, search, budget_bytes, reference)
+    capped = cap_peak(problem, graph, solve_fn, budget_bytes, reference)
     log.debug(
         "budget raised the peak to %d bytes above %d; capped search reached %d",
         result.prediction.peak_bytes,
