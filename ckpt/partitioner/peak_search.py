@@ -23,17 +23,18 @@ the forward cut into 2, 3, 4, ... segments at its cheapest frontiers
 (:mod:`ckpt.partitioner.segments`), each set of cuts pinned at once.
 
 :func:`cap_peak` takes the fastest plan within the cap among the segment
-plans and the walk's (the walk stops at its first plan within the cap, since
-its plans only get slower), which keeps the predicted peak monotone in the
-cap: a smaller cap searches further.  :func:`lowest_peak_within` is the
-tie-break under a budget alone: among the walk's plans within the budget and
-a time limit (the 1% slack), the lowest peak.  :func:`budget_peak` adds the
-guard that makes a smaller budget not raise the peak while it can avoid it:
-if the tie-break's plan peaks above the plans at larger budgets (a fixed
-ladder of them, and no budget), the fastest plan of the capped search that
-does not.  The walk stops when no alive value lowers the peak, when the peak
-is in the forward (saving more cannot lower it), when pinned values alone
-exceed the budget, or after ``max_steps``.
+plans and the walks' (from the solver's own plan, and from the best segment
+plan when no segment plan is within the cap; each walk stops at its first
+plan within the cap, since its plans only get slower).  A smaller cap
+searches further, so the predicted peak falls with the cap.
+:func:`lowest_peak_within` is the tie-break under a budget alone: among the
+walk's plans within the budget and a time limit (the 1% slack), the lowest
+peak.  :func:`budget_peak` adds the guard that makes a smaller budget not
+raise the peak while it can avoid it: if the tie-break's plan peaks above the
+plans at larger budgets (a fixed ladder of them, and no budget), the first
+plan of the capped search that does not.  A walk stops when no alive value
+lowers the peak, when the peak is in the forward (saving more cannot lower
+it), when pinned values alone exceed the budget, or after ``max_steps``.
 
 Plain data only: the solver is passed in as a function.
 """
@@ -52,8 +53,8 @@ from ckpt.partitioner.segments import segment_pin_sets
 __all__ = [
     "BudgetPeakResult",
     "PeakSearchResult",
-    "SolveFn",
     "REFERENCE_RUNGS",
+    "SolveFn",
     "budget_peak",
     "cap_peak",
     "lowest_peak_within",
@@ -201,7 +202,13 @@ def segment_plans(problem: Problem, graph: PeakGraph, solve_fn: SolveFn, budget_
 
 
 def cap_peak(
-    problem: Problem, graph: PeakGraph, solve_fn: SolveFn, budget_bytes: int | None, peak_cap: int
+    problem: Problem,
+    graph: PeakGraph,
+    solve_fn: SolveFn,
+    budget_bytes: int | None,
+    peak_cap: int,
+    *,
+    fastest: bool = True,
 ) -> PeakSearchResult:
     """The fastest plan found whose predicted peak is within ``peak_cap`` (and the budget).
 
@@ -214,8 +221,10 @@ def cap_peak(
     pinned), and the nearer start goes first: the solver's plan when the cap
     is within :data:`NEAR_CAP` of its peak (a few pins meet it), else the
     segment plan (on a 28-layer transformer at budget 0.1, one step where
-    the walk from the solver's plan takes eleven).  The second walk runs
-    only if the first ends without reaching the cap.
+    the walk from the solver's plan takes eleven).  The second walk runs if
+    the first ends without reaching the cap, and, with ``fastest``, also
+    after it did, for as long as its plans are faster; ``fastest=False``
+    takes the first plan found within the cap.
 
     A walk stops at its first plan within the cap.  If no plan is within the
     cap, the plan with the lowest peak (the fastest among equals) among those
@@ -233,7 +242,7 @@ def cap_peak(
         walks = [frozenset(), segment] if near else [segment, frozenset()]
     steps = -1
     for start, pins in enumerate(walks):
-        if start > 0 and best is not None:
+        if start > 0 and best is not None and not fastest:
             break
         for plan, prediction in peak_walk(problem, graph, solve_fn, budget_bytes, peak_cap, pinned=pins):
             steps += 1
@@ -324,7 +333,7 @@ def budget_peak(
        without a budget saves).  The ladder is the same for every budget, so
        a smaller budget is held to a reference no higher than a larger one's.
     3. The guard: if the plan of step 1 peaks above the reference (by more
-       than ``PEAK_RESOLUTION``), the fastest plan the capped search
+       than ``PEAK_RESOLUTION``), the first plan the capped search
        (:func:`cap_peak`) finds within the budget and at or below the
        reference replaces it, whatever its time.  If there is none, the lower
        of the two peaks is kept and ``raises_peak`` says so.
@@ -347,7 +356,7 @@ def budget_peak(
     limit = reference * (1 + PEAK_RESOLUTION)
     if result.prediction.peak_bytes <= limit:
         return BudgetPeakResult(result, reference, False)
-    capped = cap_peak(problem, graph, solve_fn, budget_bytes, reference)
+    capped = cap_peak(problem, graph, solve_fn, budget_bytes, reference, fastest=False)
     log.debug(
         "budget raised the peak to %d bytes above %d; capped search reached %d",
         result.prediction.peak_bytes,
