@@ -483,8 +483,9 @@ def markdown(results: Sequence[ScaleResult], command: str, profile: DeviceProfil
         "model. torch's knob is a fraction of what its own default partition saves, ours of what eager "
         "autograd saves, so the same number is not the same target. *torch s* is torch's partition time.",
         "",
-        "Notes: `PeakWarning` on a budget row means the budget raises the peak above the unbudgeted plan's and "
-        "no plan within the budget avoids it, on a peak row that the cap is below the smallest peak found.",
+        "Notes: `PeakWarning` on a budget row means the budget raises the peak above that of a plan at a larger "
+        "budget (no budget, or the ladder of 1/2 to 1/16 of what the unbudgeted plan saves) and no plan within the "
+        "budget avoids it, on a peak row that the cap is below the smallest peak found.",
         "",
     ]
     lines += [
