@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ import torch
 
 from benchmarks.language_models import GPT, GPTConfig
 from benchmarks.model_base import BlockModel
+from benchmarks.models import MODELS as BENCHMARK_MODELS
 from benchmarks.vision_models import ResNet, ResNetConfig
 from ckpt.measure import peak_memory, saved_activations
 from ckpt.records import record_partitions
@@ -38,6 +40,8 @@ MODELS = {
     # The net of issue 10: 6 residual blocks, 32 channels, 64x64, batch 8, BatchNorm.
     "resnet": lambda: ResNet(ResNetConfig(widths=(32,), depth=6, image=64, batch=8, classes=10)),
     "gpt": lambda: GPT(GPTConfig(layers=4, dim=128, heads=4, seq=128, batch=4, vocab=512, dropout=0.0)),
+    # The benchmark's models at their CPU size, as ``<name>-cpu``.
+    **{f"{name}-cpu": functools.partial(spec.build, "cpu") for name, spec in BENCHMARK_MODELS.items()},
 }
 
 

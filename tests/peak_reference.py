@@ -95,6 +95,40 @@ def _heavy(graph: PeakGraph, i: int, members: set[int]) -> bool:
     return False
 
 
+def _realised(graph: PeakGraph, order: Sequence[int]) -> set[int]:
+    """Pointwise values Inductor realises because several values of the phase read them.
+
+    ``order`` is in dependency order.  A value's reads are its inputs that
+    allocate (or come from the other phase, or are parameters), and the reads
+    of the pointwise inputs inlined into it; a pointwise value that more than
+    one value of the phase reads is realised (it becomes its readers' only
+    read) when it would read more than ``_REALIZE_READS`` buffers.
+    """
+    members = set(order)
+    realised: set[int] = set()
+    reads: dict[int, set[int]] = {}
+    for i in order:
+        kind = graph.kinds[i]
+        if kind is not Materialise.FUSIBLE:
+            continue
+        found: set[int] = set()
+        for p in graph.inputs[i]:
+            input_kind = graph.kinds[p]
+            if input_kind is Materialise.FREE:
+                if graph.bytes[p] > 0:
+                    found.add(p)
+            elif p not in members or p in realised or input_kind not in _INLINED:
+                found.add(p)
+            elif input_kind is Materialise.FUSIBLE:
+                found |= reads[p]
+        users = sum(1 for r in order if i in graph.inputs[r])
+        if len(found) > _REALIZE_READS and users > 1:
+            realised.add(i)
+            found = {i}
+        reads[i] = found
+    return realised
+
+
 def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -> set[int]:
     """The values of ``order`` that allocate in this phase."""
     members = set(order)
@@ -103,6 +137,7 @@ def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -
         for p in graph.inputs[i]:
             readers.setdefault(p, []).append(i)
     result = {i for i in kept if graph.kinds[i] is not Materialise.FREE}
+    reused = _realised(graph, order)
     for i in order:
         kind = graph.kinds[i]
         if kind is Materialise.BUFFER or kind is Materialise.REDUCTION:
@@ -115,13 +150,14 @@ def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -
             if library_input or realised:
                 result.add(p)
     for i in order:
-        if graph.kinds[i] is Materialise.RANDOM and i not in result and _read_by_two_kernels(graph, i, readers, result):
+        shared = graph.kinds[i] is Materialise.RANDOM or i in reused
+        if shared and i not in result and _read_by_two_kernels(graph, i, readers, result | reused):
             result.add(i)
     return result
 
 
-def _read_by_two_kernels(graph: PeakGraph, i: int, readers: dict[int, list[int]], buffers: set[int]) -> bool:
-    """Whether two kernels read ``i``: two allocating values downstream of it through inlined ones."""
+def _read_by_two_kernels(graph: PeakGraph, i: int, readers: dict[int, list[int]], kernels_at: set[int]) -> bool:
+    """Whether two kernels read ``i``: two of ``kernels_at`` (buffers, realised values) downstream, through inlined."""
     kernels: set[int] = set()
     seen: set[int] = set()
     stack = list(readers.get(i, ()))
@@ -130,7 +166,7 @@ def _read_by_two_kernels(graph: PeakGraph, i: int, readers: dict[int, list[int]]
         if value in seen:
             continue
         seen.add(value)
-        if graph.kinds[value] in _INLINED and value not in buffers:
+        if graph.kinds[value] in _INLINED and value not in kernels_at:
             stack.extend(readers.get(value, ()))
         else:
             kernels.add(value)

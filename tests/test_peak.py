@@ -161,6 +161,37 @@ def test_a_random_draw_two_kernels_read_is_kept_between_them() -> None:
     assert dict(prediction.alive)["r"] == 10
 
 
+def _shared_sum(reads: int) -> PeakGraph:
+    """``s``: a pointwise sum of ``reads`` buffers that two kernels read (``u`` feeds ``L1``, ``v`` feeds ``L2``)."""
+    names = [f"b{k}" for k in range(reads)] + ["s", "u", "L1", "v", "L2"]
+    kinds = [B] * reads + [F, F, B, F, B]
+    s = reads
+    inputs = [()] * reads + [tuple(range(reads)), (s,), (s + 1,), (s,), (s + 3, s + 2)]
+    n = len(names)
+    return PeakGraph(
+        names=tuple(names),
+        bytes=(10,) * n,
+        kinds=tuple(kinds),
+        inputs=tuple(inputs),
+        backward=(False,) * n,
+        required=(True,) * n,
+        outputs=frozenset({n - 1}),
+        gradients=frozenset(),
+        tangents=frozenset(),
+    )
+
+
+def test_a_pointwise_value_reading_many_buffers_is_realised_for_its_two_kernels() -> None:
+    # Inductor inlines s into both kernels while it reads at most four buffers (they stay alive
+    # until the second kernel), and realises it once it reads more (they die after s's kernel).
+    inlined = simulate_peak(_shared_sum(4), saved=(), recomputed=())
+    assert "s" not in dict(inlined.alive)
+    assert inlined.forward_bytes == 4 * 10 + 20  # the four b's, u and L1
+    realised = simulate_peak(_shared_sum(5), saved=(), recomputed=())
+    assert realised.forward_bytes == 5 * 10 + 10  # the five b's and s, in s's own kernel
+    assert realised.node == "s"
+
+
 def test_gradients_stay_alive_to_the_end() -> None:
     graph = chain(3)
     prediction = simulate_peak(graph, saved=(1, 2, 3), recomputed=())

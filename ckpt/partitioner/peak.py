@@ -24,7 +24,10 @@ it, or it is saved, or it is an output, or a reduction and another kernel
 read it and its inlined body is bigger than Inductor inlines twice (its
 ``realize_reads_threshold`` and ``realize_opcount_threshold``); otherwise
 Inductor computes it inside its consumers, and a read of it is a read of the
-buffers it is computed from.
+buffers it is computed from.  A pointwise value that several values read and
+whose inlined body would read more than ``realize_reads_threshold`` buffers
+is realised (the residual stream of a recomputed stack, every few layers),
+and allocates when more than one kernel reads it.
 A ``RANDOM`` value (Inductor's own random draw) is realised so that all its
 readers see the same numbers: it allocates when more than one kernel reads
 it (through pointwise values), as in a backward that recomputes a dropout's
@@ -223,7 +226,7 @@ class _Simulator:
             keep[i] = 1
             if not free[i]:
                 buffers[i] = 1
-        index.add_random_draws(forward, buffers)
+        index.add_shared_values(forward, buffers)
         return _run(self.names, self.nbytes, index, forward, buffers, self.nothing, (), keep, named)
 
     def _backward(self, saved: frozenset[int], recomputed: frozenset[int], named: bool) -> _Phase:
@@ -237,7 +240,7 @@ class _Simulator:
         buffers = bytearray(backward.buffers)
         for i in self.gradient_buffers:
             buffers[i] = 1
-        index.add_random_draws(backward, buffers)
+        index.add_shared_values(backward, buffers)
         return _run(self.names, self.nbytes, index, backward, buffers, available, start, self.gradient_keep, named)
 
     def _simulate(self, saved: frozenset[int], recomputed: frozenset[int]) -> PeakPrediction:

@@ -33,6 +33,9 @@ BUFFER, REDUCTION, FUSIBLE, RANDOM, FREE = range(5)
 _REALIZE_READS = 4
 _REALIZE_OPS = 30
 
+# How a pointwise value reads an input (``GraphIndex._reads_of``).
+_READ_ALWAYS, _READ_INLINED, _READ_RANDOM = range(3)
+
 # Forward orders kept per graph: one per set of extra forward values, and few plans have any.
 _FORWARD_MEMO = 32
 
@@ -42,14 +45,17 @@ class PhaseOrder:
     """One phase's values in execution order, and what allocates whatever the plan keeps.
 
     ``position[v]`` is ``v``'s place in ``order``, -1 outside the phase;
-    ``buffers`` flags the values that allocate before kept values and random
-    draws are added; ``randoms`` lists the phase's random draws in order.
+    ``buffers`` flags the values that allocate before kept and shared values
+    are added; ``shared`` lists, in order, the values that allocate only when
+    two kernels read them: random draws, and the pointwise values Inductor
+    realises for several readers (a realised value that one fused kernel
+    reads stays inside it).
     """
 
     order: tuple[int, ...]
     position: list[int]
     buffers: bytearray
-    randoms: tuple[int, ...]
+    shared: tuple[int, ...]
 
 
 class GraphIndex:
@@ -76,6 +82,19 @@ class GraphIndex:
         # Inputs by kind, for the passes that only follow pointwise values.
         self.inlined_inputs = [tuple(p for p in preds if self.inlined[p]) for preds in inputs]
         self.fusible_inputs = [tuple(p for p in preds if kinds[p] == FUSIBLE) for preds in inputs]
+        self.is_fusible = bytearray(k == FUSIBLE for k in kinds)
+        # What a pointwise value reads, for realising it: buffers and parameters always, a pointwise or
+        # random input through its own reads when it is inlined (in the phase and not realised).
+        self._reads_of = [
+            tuple(
+                (p, _READ_INLINED if kinds[p] == FUSIBLE else _READ_RANDOM if kinds[p] == RANDOM else _READ_ALWAYS)
+                for p in preds
+                if kinds[p] != FREE or nbytes[p] > 0
+            )
+            if kinds[i] == FUSIBLE
+            else ()
+            for i, preds in enumerate(inputs)
+        ]
         self.allocating_inputs = [
             tuple(p for p in preds if kinds[p] != FREE) for preds in inputs
         ]  # FREE never allocates
@@ -95,17 +114,6 @@ class GraphIndex:
         self.backward_base = bytearray(backward[i] and i not in tangent_set for i in range(n))
         self.backward_base_order = tuple(i for i in range(n) if self.backward_base[i])
         self.backward_first_reader = next((i for i in self.backward_base_order if self.reads_tangent[i]), n)
-        # A reduction whose candidate sources are all the backward's own values has the same sources in
-        # every backward, whatever is recomputed.
-        always = [0 if self.backward_base[i] else -1 for i in range(n)]
-        self._backward_sources = {
-            r: self._sources(r, always)
-            for r in self.backward_base_order
-            if kinds[r] == REDUCTION
-            and all(
-                always[p] == 0 and all(always[q] == 0 for q in self.fusible_inputs[p]) for p in self.fusible_inputs[r]
-            )
-        }
 
     def _ancestors(self, keep: bytearray, stack: list[int]) -> bytearray:
         """Mark the forward ancestors of ``stack`` in ``keep`` (backward values stop the walk)."""
@@ -199,28 +207,67 @@ class GraphIndex:
 
     def backward_phase(self, recomputed: Iterable[int]) -> PhaseOrder:
         """The backward's phase when ``recomputed`` are recomputed."""
-        return self.phase(self.backward_order(recomputed), self._backward_sources)
+        return self.phase(self.backward_order(recomputed))
 
-    def phase(self, order: list[int], known: dict[int, list[int]] | None = None) -> PhaseOrder:
-        """The phase that runs ``order`` (in graph dependency order): fused, with its plan-independent buffers.
-
-        ``known``: sources of reductions that are the same whatever else the phase runs.
-        """
+    def phase(self, order: list[int]) -> PhaseOrder:
+        """The phase that runs ``order`` (in graph dependency order): fused, with its plan-independent buffers."""
         position = self._positions(order)
-        joined = self._join_sibling_reductions(order, position, known or {})
+        realised = self._realised_on_reuse(order, position)
+        joined = self._join_sibling_reductions(order, position)
         if joined is not order:
             position = self._positions(joined)
         fused = self._fuse_into_consumers(joined, position)
         position = self._positions(fused)
         kinds = self.kinds
-        randoms = tuple(v for v in fused if kinds[v] == RANDOM)
-        return PhaseOrder(tuple(fused), position, self._materialised(fused, position), randoms)
+        shared = tuple(v for v in fused if kinds[v] == RANDOM or realised[v])
+        return PhaseOrder(tuple(fused), position, self._materialised(fused, position), shared)
 
     def _positions(self, order: Sequence[int]) -> list[int]:
         position = [-1] * self.n
         for k, v in enumerate(order):
             position[v] = k
         return position
+
+    def _realised_on_reuse(self, order: Sequence[int], position: list[int]) -> bytearray:
+        """The pointwise values Inductor realises because several values read them.
+
+        Inductor inlines a pointwise value into each of its readers, unless
+        more than one value of the graph reads it and its inlined body would
+        load more than ``realize_reads_threshold`` buffers (parameters
+        included): then it is realised, and its readers read it instead.  The
+        residual stream of a recomputed stack is realised every few layers so.
+        Whether it allocates depends on the kernels that read it (see
+        ``PhaseOrder.shared``).  ``order`` is in dependency order.
+        """
+        readers, reads_of = self.readers, self._reads_of
+        realised = bytearray(self.n)
+        # What computing each pointwise value reads, buffers and parameters; None: more than the threshold.
+        leaves: dict[int, frozenset[int] | None] = {}
+        for i in itertools.compress(order, map(self.is_fusible.__getitem__, order)):
+            found: set[int] | None = set()
+            for p, code in reads_of[i]:
+                if code == _READ_ALWAYS or position[p] < 0 or realised[p]:
+                    found.add(p)  # type: ignore[union-attr]
+                elif code == _READ_INLINED:
+                    inner = leaves[p]
+                    if inner is None:
+                        found = None
+                        break
+                    found |= inner  # type: ignore[operator]
+                # a random draw inlined into its reader reads no buffer
+            if found is None or len(found) > _REALIZE_READS:
+                users = 0
+                for r in readers[i]:
+                    if position[r] >= 0:
+                        users += 1
+                if users > 1:
+                    realised[i] = 1
+                    leaves[i] = frozenset((i,))
+                else:
+                    leaves[i] = None
+            else:
+                leaves[i] = frozenset(found)
+        return realised
 
     def _sources(self, i: int, position: list[int]) -> list[int]:
         """The largest pointwise values a reduction at ``i`` reads, directly or through one pointwise op.
@@ -242,7 +289,7 @@ class GraphIndex:
         largest = max(nbytes[v] for v in found)
         return [v for v in found if nbytes[v] == largest] if largest > 0 else []
 
-    def _join_sibling_reductions(self, order: list[int], position: list[int], known: dict[int, list[int]]) -> list[int]:
+    def _join_sibling_reductions(self, order: list[int], position: list[int]) -> list[int]:
         """Move each reduction to its last sibling (a reduction over a shared pointwise value).
 
         Inductor computes reductions over the same values in one kernel, so the
@@ -252,7 +299,7 @@ class GraphIndex:
         """
         readers = self.readers
         reductions = list(itertools.compress(range(len(order)), map(self.is_reduction.__getitem__, order)))
-        sources = [known[order[k]] if order[k] in known else self._sources(order[k], position) for k in reductions]
+        sources = [self._sources(order[k], position) for k in reductions]
         last_reader: dict[int, int] = {}  # source -> position of the last reduction over it
         for k, found in zip(reductions, sources):
             for s in found:
@@ -339,7 +386,7 @@ class GraphIndex:
         return False
 
     def _materialised(self, order: Sequence[int], position: list[int]) -> bytearray:
-        """The values of the phase that allocate, whatever the plan keeps (kept values and draws come later)."""
+        """The values of the phase that allocate, whatever the plan keeps (kept and shared values come later)."""
         kinds, inlined_inputs, readers = self.kinds, self.inlined_inputs, self.readers
         result = bytearray(self.n)
         heavy: dict[int, bool] = {}
@@ -361,14 +408,19 @@ class GraphIndex:
                             result[p] = 1
         return result
 
-    def add_random_draws(self, phase: PhaseOrder, buffers: bytearray) -> None:
-        """Flag in ``buffers`` the phase's random draws that two kernels read (in order: each may add one)."""
-        for i in phase.randoms:
-            if not buffers[i] and self._read_by_two_kernels(i, phase.position, buffers):
-                buffers[i] = 1
+    def add_shared_values(self, phase: PhaseOrder, buffers: bytearray) -> None:
+        """Flag in ``buffers`` the phase's shared values that two kernels read (in order: each may add one)."""
+        kernels = bytearray(buffers)  # what ends an inlined chain: buffers and realised values
+        kinds = self.kinds
+        for i in phase.shared:
+            if kinds[i] == FUSIBLE:
+                kernels[i] = 1
+        for i in phase.shared:
+            if not buffers[i] and self._read_by_two_kernels(i, phase.position, kernels):
+                buffers[i] = kernels[i] = 1
 
-    def _read_by_two_kernels(self, i: int, position: list[int], buffers: bytearray) -> bool:
-        """Whether two kernels read ``i``: two allocating values downstream of it through inlined ones."""
+    def _read_by_two_kernels(self, i: int, position: list[int], kernels_at: bytearray) -> bool:
+        """Whether two kernels read ``i``: two kernels (``kernels_at``) downstream of it through inlined values."""
         readers, inlined = self.readers, self.inlined
         kernels: set[int] = set()
         seen: set[int] = set()
@@ -378,7 +430,7 @@ class GraphIndex:
             if value in seen:
                 continue
             seen.add(value)
-            if inlined[value] and not buffers[value]:
+            if inlined[value] and not kernels_at[value]:
                 stack.extend(r for r in readers[value] if position[r] >= 0)
             else:
                 kernels.add(value)
