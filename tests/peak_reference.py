@@ -288,6 +288,7 @@ def _run(
         for b in reads[i]:
             last_use[b] = position
     nbytes = graph.bytes
+    scratch = graph.scratch or (0,) * len(graph)
 
     def walk(stop: int) -> tuple[int, int, set[int]]:
         alive = {b for b in start if b in keep or b in last_use}
@@ -297,8 +298,9 @@ def _run(
             if i in buffers and i not in alive:
                 alive.add(i)
                 total += nbytes[i]
-            if total > peak or at < 0:
-                peak, at = total, position
+            running = total + scratch[i]  # a library call's own working memory, while it runs
+            if running > peak or at < 0:
+                peak, at = running, position
             if position == stop:
                 break
             freed = reads[i] | {i} if i in buffers else reads[i]
@@ -312,8 +314,10 @@ def _run(
     if at < 0:  # an empty phase
         return _Phase(peak, "", ()), alive
     _, _, there = walk(at)
-    largest = sorted(there, key=lambda b: (-nbytes[b], b))
-    named = tuple((graph.names[b], nbytes[b]) for b in largest[:8])
+    items = [(-nbytes[b], b, graph.names[b]) for b in there]
+    if scratch[order[at]]:
+        items.append((-scratch[order[at]], -1, f"{graph.names[order[at]]} (scratch)"))
+    named = tuple((name, -negative) for negative, _, name in sorted(items)[:8])
     return _Phase(peak, graph.names[order[at]], named, tuple(sorted(there))), alive
 
 

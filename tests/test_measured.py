@@ -57,6 +57,12 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture(autouse=True)
+def no_scratch(monkeypatch):
+    """No call allocates working memory, unless a test says otherwise (the profiler is slow to start)."""
+    monkeypatch.setattr(measured, "_measure_scratch", lambda call: 0)
+
+
 @pytest.fixture
 def timings(monkeypatch):
     """Count the calls timed, and give each a fixed time (the roofline's, times two)."""
@@ -344,3 +350,34 @@ def test_attention_without_dropout_is_timed_forward_and_backward():
     attention = {t for t in targets if "scaled_dot_product" in t}
     assert any(not t.endswith("_backward.default") for t in attention), targets
     assert any(t.endswith("_backward.default") for t in attention), targets
+
+
+def test_scratch_is_what_a_call_allocates_beyond_its_outputs_while_it_runs():
+    def run() -> None:
+        working = torch.ones(2**18)  # 1 MiB alive only during the call
+        working.sum()  # the call's output: 4 bytes
+
+    call = measured.MeasuredCall("sum", torch.ops.aten.sum.default, (), {}, CPU, output_bytes=4)
+    scratch = measured._scratch_bytes(run, call)
+    assert 2**20 <= scratch < 2**20 + 4096
+
+
+def test_measured_scratch_is_cached_and_reaches_the_peak_model(joint, cache, timings, monkeypatch):
+    from ckpt.partitioner.peak import simulate_peak
+    from ckpt.partitioner.peak_analysis import build_peak_graph
+
+    monkeypatch.setattr(measured, "_measure_scratch", lambda call: 3 * 2**20)
+    analysis = analyze_joint(joint.graph, joint.num_fwd_outputs, TEST_PROFILE, measure=_costs())
+    assert analysis.scratch_bytes == dict.fromkeys(_calls(joint), 3 * 2**20)
+    stored = cached_costs(CPU)
+    assert all(stored[measured.scratch_key(c.signature)] == 3 * 2**20 for c in _calls(joint).values())
+
+    with_scratch = build_peak_graph(joint.graph, analysis, joint.num_fwd_outputs)
+    without = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    everything = with_scratch.problem_index
+    saved, recomputed = [everything[i] for i in analysis.no_recompute_saved], []
+    plain = simulate_peak(without, saved, recomputed)
+    counted = simulate_peak(with_scratch, saved, recomputed)
+    # The working memory is alive only while its call runs: it adds at most one call's worth.
+    assert plain.peak_bytes < counted.peak_bytes <= plain.peak_bytes + 3 * 2**20
+    assert any(name.endswith("(scratch)") for name, _ in counted.alive)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -197,6 +198,19 @@ def test_gradients_stay_alive_to_the_end() -> None:
     prediction = simulate_peak(graph, saved=(1, 2, 3), recomputed=())
     # all three weight gradients (1 byte each) are alive at g1
     assert prediction.backward_bytes >= 3
+
+
+def test_a_library_calls_scratch_is_alive_only_while_it_runs() -> None:
+    graph = chain(3)
+    g2 = graph.names.index("g2")
+    scratch = tuple(1000 if i == g2 else 0 for i in range(len(graph)))
+    plain = simulate_peak(graph, saved=(1, 2, 3), recomputed=())
+    working = simulate_peak(dataclasses.replace(graph, scratch=scratch), saved=(1, 2, 3), recomputed=())
+    assert working.forward_bytes == plain.forward_bytes
+    assert working.node == "g2" and ("g2 (scratch)", 1000) in working.alive
+    assert plain.backward_bytes < working.backward_bytes <= plain.backward_bytes + 1000
+    with pytest.raises(ValueError, match="scratch has 2 entries"):
+        dataclasses.replace(graph, scratch=(0, 0))
 
 
 def test_peak_graph_rejects_forward_references() -> None:
@@ -417,7 +431,7 @@ def graphs_and_plans(draw: st.DrawFn) -> tuple[PeakGraph, list[int], list[int]]:
     kinds = draw(st.lists(st.sampled_from(list(Materialise)), min_size=n, max_size=n))
     inputs = []
     for i in range(n):
-        preds = draw(st.lists(st.integers(0, i - 1), max_size=3, unique=True)) if i else []
+        preds = draw(st.lists(st.integers(0, i - 1), max_size=6, unique=True)) if i else []
         inputs.append(tuple(sorted(preds)))
     backward = [i >= forward for i in range(n)]
     tangents = frozenset(i for i in range(forward, n) if not inputs[i] and draw(st.booleans()))
@@ -433,6 +447,7 @@ def graphs_and_plans(draw: st.DrawFn) -> tuple[PeakGraph, list[int], list[int]]:
         outputs=frozenset(draw(values)),
         gradients=frozenset(draw(values)),
         tangents=tangents,
+        scratch=tuple(draw(st.lists(st.integers(0, 30), min_size=n, max_size=n))) if draw(st.booleans()) else (),
     )
     return graph, sorted(draw(values)), sorted(draw(values))
 

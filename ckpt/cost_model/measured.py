@@ -21,6 +21,11 @@ each distinct call instead:
   machine can only add time), timed with CUDA events on a GPU.
   The inputs are drawn from a private generator: the global random state the
   model's dropout reads is left as it was.
+* **Scratch memory.**  After timing, one more run of the call measures the
+  working memory it allocates beyond its outputs (a convolution's backward
+  reorders its operands; on the CPU from the profiler's allocation events,
+  on a GPU from the allocator's peak statistics, which it resets).  The peak
+  model counts it where the call runs (:mod:`ckpt.partitioner.peak`).
 * **Bounded.**  Calls are timed in order of their roofline time, largest
   first, until :data:`SECONDS_PER_GRAPH` of measuring; the rest keep the
   roofline.  A call whose tensors would need more than
@@ -50,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import time
@@ -85,11 +91,13 @@ __all__ = [
     "library_calls",
     "measure_calls",
     "plan_costs",
+    "scratch_key",
 ]
 
 log = logging.getLogger(__name__)
 
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2  # 2: with the scratch bytes of each call
+_SCRATCH = "scratch|"  # the key of a call's scratch bytes: _SCRATCH + its signature
 SECONDS_PER_GRAPH = 1.5  # measuring time per compiled graph, at most (about; one call may overrun it)
 MAX_CALL_BYTES = 2 * 2**30  # tensors of one timed call, inputs and outputs
 _REPEATS = 5
@@ -279,8 +287,11 @@ def _materialise(value: Any, generator_for: Callable[[torch.device], torch.Gener
     return value
 
 
-def _time_call(call: MeasuredCall) -> float:
-    """The fastest of a few runs of ``call`` on fresh tensors of its specs, in seconds."""
+def _runner(call: MeasuredCall) -> Callable[[], None]:
+    """A function that runs ``call`` once on fresh tensors of its specs and drops its result.
+
+    Call it under ``compat.real_tensors()`` and ``torch.no_grad()``.
+    """
     generators: dict[torch.device, torch.Generator] = {}
 
     def generator_for(device: torch.device) -> torch.Generator:
@@ -288,18 +299,55 @@ def _time_call(call: MeasuredCall) -> float:
             generators[device] = torch.Generator(device=device).manual_seed(0)
         return generators[device]
 
+    args = _materialise(call.args, generator_for)
+    kwargs = _materialise(call.kwargs, generator_for)
+
+    def run() -> None:
+        call.target(*args, **kwargs)
+
+    return run
+
+
+def _time_call(call: MeasuredCall) -> float:
+    """The fastest of a few runs of ``call`` on fresh tensors of its specs, in seconds."""
     with compat.real_tensors(), torch.no_grad():
-        args = _materialise(call.args, generator_for)
-        kwargs = _materialise(call.kwargs, generator_for)
-
-        def run() -> None:
-            call.target(*args, **kwargs)
-
+        run = _runner(call)
         # The first timed run comes after a warm-up (first-call setup, caches, lazy initialisation).
         first = device_seconds(run, call.device, 1)
         if first >= _MAX_REPEAT_SECONDS:
             return first
         return min(first, device_seconds(run, call.device, _REPEATS))
+
+
+def _measure_scratch(call: MeasuredCall) -> int:
+    """The working memory ``call`` allocates beyond its outputs (:func:`_scratch_bytes` of one run)."""
+    with compat.real_tensors(), torch.no_grad():
+        run = _runner(call)
+        run()  # first-call setup allocates once: not the call's working memory
+        return _scratch_bytes(run, call)
+
+
+def _scratch_bytes(run: Callable[[], None], call: MeasuredCall) -> int:
+    """The bytes ``run`` (one call, its result dropped) allocates beyond the call's outputs while it runs.
+
+    A convolution's backward reorders its operands, attention keeps
+    per-thread blocks: working memory that is alive only during the call,
+    but adds to the step's peak there.  On a GPU from the allocator's peak
+    statistics (which this resets), on the CPU from the profiler's
+    allocation events.
+    """
+    if call.device.type == "cuda":
+        torch.cuda.synchronize(call.device)
+        before = torch.cuda.memory_allocated(call.device)
+        torch.cuda.reset_peak_memory_stats(call.device)
+        run()
+        torch.cuda.synchronize(call.device)
+        peak = torch.cuda.max_memory_allocated(call.device) - before
+    elif call.device.type == "cpu":
+        peak = max(itertools.accumulate(compat.profiled_cpu_allocations(run)), default=0)
+    else:
+        return 0
+    return max(0, peak - call.output_bytes)
 
 
 def _byte_limit(device: torch.device) -> int:
@@ -316,6 +364,9 @@ def measure_calls(
     seconds: float = SECONDS_PER_GRAPH,
 ) -> dict[str, float]:
     """Time each call (largest roofline time first) until ``seconds`` are spent; by signature.
+
+    Beside each call's seconds, the table holds its scratch bytes, where
+    there are any, under :func:`scratch_key` of its signature.
 
     A call that fails is left out, with one :class:`MeasurementWarning`
     naming the op and the error.
@@ -336,6 +387,9 @@ def measure_calls(
             continue
         try:
             measured[call.signature] = _time_call(call)
+            scratch = _measure_scratch(call)
+            if scratch > 0:
+                measured[scratch_key(call.signature)] = scratch
         except (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError) as error:
             failures.append(f"{call.target}: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
     if failures:
@@ -346,6 +400,11 @@ def measure_calls(
             stacklevel=2,
         )
     return measured
+
+
+def scratch_key(signature: str) -> str:
+    """Where a call's scratch bytes are kept in a table of costs, beside its seconds under ``signature``."""
+    return _SCRATCH + signature
 
 
 # --- the cache ---------------------------------------------------------------------------------------------
@@ -370,8 +429,10 @@ def _load(path: Path) -> dict[str, float]:
         if data.get("format") != _FORMAT_VERSION:
             raise ValueError(f"format {data.get('format')!r}")
         costs = {str(k): float(v) for k, v in data["costs"].items()}
-        if not all(v > 0 for v in costs.values()):
+        if not all(v > 0 for k, v in costs.items() if not k.startswith(_SCRATCH)):
             raise ValueError("a time that is not positive")
+        if not all(v >= 0 for k, v in costs.items() if k.startswith(_SCRATCH)):
+            raise ValueError("negative scratch bytes")
         return costs
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         log.warning("ckpt: ignoring the unreadable measured-cost cache %s (%s); it will be rewritten", path, error)
@@ -419,11 +480,13 @@ def cached_or_measured(
                 if fresh:
                     known.update(fresh)
                     _store(path, known)
-                log.info("ckpt: timed %d of %d new library calls on %s", len(fresh), len(missing), calls[0].device)
+                timed = sum(1 for c in missing if c.signature in fresh)
+                log.info("ckpt: timed %d of %d new library calls on %s", timed, len(missing), calls[0].device)
     except OSError as error:  # read-only home, full disk: measure without caching
         log.warning("ckpt: cannot use the measured-cost cache at %s (%s); measuring without it", directory, error)
         known = measure_calls(unique, seconds=seconds)
     wanted = {c.signature for c in unique}
+    wanted |= {scratch_key(signature) for signature in wanted}
     return {k: v for k, v in known.items() if k in wanted}
 
 
@@ -497,6 +560,8 @@ class OpCosts:
     known: dict[str, float]
     use_fresh: bool
     seconds: float = SECONDS_PER_GRAPH
+    fresh: dict[str, float] = dataclasses.field(default_factory=dict)  # measured by this process, after ``known``
+    attempted: set[str] = dataclasses.field(default_factory=set)  # signatures this process tried to measure
 
     def key(self) -> str:
         """What plans depend on, for cache keys: the agreed table under a process group, else nothing.
@@ -511,7 +576,23 @@ class OpCosts:
 
     def __call__(self, calls: Mapping[str, MeasuredCall]) -> dict[str, float]:
         """Seconds by node name for the calls that have a usable time (see the class)."""
-        missing = [c for c in calls.values() if c.signature not in self.known and c.device == self.device]
-        fresh = cached_or_measured(missing, seconds=self.seconds) if missing and self.seconds > 0 else {}
-        usable = {**self.known, **fresh} if self.use_fresh else self.known
+        usable = self._usable(calls)
         return {name: usable[c.signature] for name, c in calls.items() if c.signature in usable}
+
+    def scratch_bytes(self, calls: Mapping[str, MeasuredCall]) -> dict[str, int]:
+        """The working memory each call allocates beyond its outputs while it runs, by node name, where measured."""
+        usable = self._usable(calls)
+        found = {name: usable.get(scratch_key(c.signature)) for name, c in calls.items()}
+        return {name: int(value) for name, value in found.items() if value}
+
+    def _usable(self, calls: Mapping[str, MeasuredCall]) -> dict[str, float]:
+        """The table to read ``calls`` from, after measuring (once) those it lacks."""
+        missing = [
+            c
+            for c in calls.values()
+            if c.signature not in self.known and c.signature not in self.attempted and c.device == self.device
+        ]
+        if missing and self.seconds > 0:
+            self.attempted.update(c.signature for c in missing)
+            self.fresh.update(cached_or_measured(missing, seconds=self.seconds))
+        return {**self.known, **self.fresh} if self.use_fresh else self.known

@@ -96,6 +96,7 @@ class JointAnalysis:
     size_hints: dict[Any, int]  # size symbol -> hint
     copied_inputs: frozenset[str] = frozenset()  # graph inputs Inductor copies to channels-last (by name)
     measured_seconds: dict[str, float] = field(default_factory=dict)  # library calls timed on the device, by name
+    scratch_bytes: dict[str, int] = field(default_factory=dict)  # their working memory beyond their outputs, by name
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ class _Context:
     charged_inputs: set[fx.Node]  # graph inputs whose saving keeps memory alive
     copied_inputs: set[fx.Node]  # graph inputs Inductor copies to channels-last for its convolutions
     measured: dict[str, float] = field(default_factory=dict)  # measured seconds of library calls, by node name
+    scratch: dict[str, int] = field(default_factory=dict)  # their measured working memory in bytes, by node name
 
     def library_seconds(self, node: fx.Node, estimate: NodeEstimate) -> float:
         """A library call's time: measured on the device if it was, else its roofline."""
@@ -155,7 +157,10 @@ def analyze_joint(
 
     ``measure`` times library calls (:func:`ckpt.cost_model.measured.measured_costs`):
     it gets the graph's calls that can be timed, by node name, and returns
-    seconds by node name; those replace the roofline time of the call.
+    seconds by node name; those replace the roofline time of the call.  If
+    it also has a ``scratch_bytes`` method (an :class:`OpCosts` does), the
+    calls' measured working memory goes to ``scratch_bytes`` for the peak
+    model.
     """
     context = _context(joint, num_fwd_outputs, profile, activation_inputs)
     if measure is not None:
@@ -168,6 +173,9 @@ def analyze_joint(
             channels_last=compat.inductor_layout_optimization(joint),
         )
         context.measured = dict(measure(calls))
+        scratch = getattr(measure, "scratch_bytes", None)  # an OpCosts also knows each call's working memory
+        if scratch is not None:
+            context.scratch = dict(scratch(calls))
     kinds, graph = context.kinds, context.graph
     needed, ordered = _problem_values(graph, kinds)
     index = {node: i for i, node in enumerate(ordered)}
@@ -210,6 +218,7 @@ def analyze_joint(
         size_hints=context.sizes.hints,
         copied_inputs=frozenset(n.name for n in context.copied_inputs),
         measured_seconds=dict(context.measured),
+        scratch_bytes=dict(context.scratch),
     )
 
 

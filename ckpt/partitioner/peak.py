@@ -106,12 +106,15 @@ class PeakGraph:
     gradients: frozenset[int]
     tangents: frozenset[int]
     problem_index: tuple[int, ...] = ()  # the planner's value i is value problem_index[i] here
+    scratch: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.names)
         for field_name in ("bytes", "kinds", "inputs", "backward", "required"):
             if len(getattr(self, field_name)) != n:
                 raise ValueError(f"PeakGraph.{field_name} has {len(getattr(self, field_name))} entries, expected {n}")
+        if self.scratch and len(self.scratch) != n:
+            raise ValueError(f"PeakGraph.scratch has {len(self.scratch)} entries, expected {n} (or none)")
         for i, preds in enumerate(self.inputs):
             if any(not 0 <= p < i for p in preds):
                 raise ValueError(f"PeakGraph.inputs[{i}] ({self.names[i]}) must list earlier values, got {preds}")
@@ -170,6 +173,7 @@ class _Simulator:
         # The graph's names and sizes, not the graph: a graph and its simulator would be a reference
         # cycle, which only the cyclic garbage collector frees.
         self.names, self.nbytes = graph.names, graph.bytes
+        self.scratch = {i: b for i, b in enumerate(graph.scratch) if b > 0}  # library calls' own working memory
         self.index = GraphIndex(
             graph.inputs,
             [_KIND_CODES[kind] for kind in graph.kinds],
@@ -227,7 +231,7 @@ class _Simulator:
             if not free[i]:
                 buffers[i] = 1
         index.add_shared_values(forward, buffers)
-        return _run(self.names, self.nbytes, index, forward, buffers, self.nothing, (), keep, named)
+        return _run(self.names, self.nbytes, index, forward, buffers, self.nothing, (), keep, named, self.scratch)
 
     def _backward(self, saved: frozenset[int], recomputed: frozenset[int], named: bool) -> _Phase:
         index, free = self.index, self.free
@@ -241,7 +245,9 @@ class _Simulator:
         for i in self.gradient_buffers:
             buffers[i] = 1
         index.add_shared_values(backward, buffers)
-        return _run(self.names, self.nbytes, index, backward, buffers, available, start, self.gradient_keep, named)
+        return _run(
+            self.names, self.nbytes, index, backward, buffers, available, start, self.gradient_keep, named, self.scratch
+        )
 
     def _simulate(self, saved: frozenset[int], recomputed: frozenset[int]) -> PeakPrediction:
         f_phase = self._forward(saved, True)
@@ -333,11 +339,13 @@ def _run(
     start: Iterable[int],
     keep: bytearray,
     named: bool = True,
+    scratch: dict[int, int] | None = None,
 ) -> _Phase:
     """The phase's peak, and if ``named`` where it happens and what is alive there.
 
     The running total after each position's allocation is a prefix sum over
-    the buffers' lifetimes; the peak is its first maximum.
+    the buffers' lifetimes, plus at each library call the ``scratch`` it
+    allocates while it runs; the peak is its first maximum.
     """
     order = phase.order
     if not order:  # an empty phase: what it starts with
@@ -347,14 +355,23 @@ def _run(
     for first, last, b in spans:
         change[first] += nbytes[b]
         change[last + 1] -= nbytes[b]
+    position = phase.position
+    for value, extra in (scratch or {}).items():
+        k = position[value]
+        if k >= 0:
+            change[k] += extra
+            change[k + 1] -= extra
     totals = list(itertools.accumulate(change[:-1]))
     peak = max(totals)
     if not named:
         return _Phase(peak)
     at = totals.index(peak)
     there = {b for first, last, b in spans if first <= at <= last}
-    largest = sorted(there, key=lambda b: (-nbytes[b], b))
-    top = tuple((names[b], nbytes[b]) for b in largest[:8])
+    items = [(-nbytes[b], b, names[b]) for b in there]
+    extra = (scratch or {}).get(order[at], 0)
+    if extra:  # the call's own working memory, named after the call
+        items.append((-extra, -1, f"{names[order[at]]} (scratch)"))
+    top = tuple((name, -negative) for negative, _, name in sorted(items)[:8])
     return _Phase(peak, names[order[at]], top, tuple(sorted(there)))
 
 

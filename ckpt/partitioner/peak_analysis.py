@@ -19,6 +19,9 @@ on the result without touching ``torch.fx``.
   anyway and count nothing, except the channels-last copies Inductor makes of
   those a convolution reads (allocated where the convolution runs, like a
   pointwise value a library call reads); tangents count.
+* **Scratch.**  A library call's working memory beyond its outputs, where it
+  was measured on the device (``JointAnalysis.scratch_bytes``), is alive
+  while the call runs.
 """
 
 from __future__ import annotations
@@ -114,6 +117,7 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         gradients=gradients,
         tangents=frozenset(i for i, n in enumerate(nodes) if n.op == "placeholder" and backward[i]),
         problem_index=tuple(index[name] for name in analysis.problem.names),
+        scratch=tuple(analysis.scratch_bytes.get(n.name, 0) for n in nodes) if analysis.scratch_bytes else (),
     )
 
 
