@@ -95,8 +95,8 @@ def _heavy(graph: PeakGraph, i: int, members: set[int]) -> bool:
     return False
 
 
-def _realised(graph: PeakGraph, order: Sequence[int]) -> set[int]:
-    """Pointwise values Inductor realises because several values of the phase read them.
+def _reads(graph: PeakGraph, order: Sequence[int]) -> tuple[set[int], dict[int, set[int]]]:
+    """Pointwise values realised for several readers, and the buffers each pointwise value or reduction reads.
 
     ``order`` is in dependency order.  A value's reads are its inputs that
     allocate (or come from the other phase, or are parameters), and the reads
@@ -109,7 +109,7 @@ def _realised(graph: PeakGraph, order: Sequence[int]) -> set[int]:
     reads: dict[int, set[int]] = {}
     for i in order:
         kind = graph.kinds[i]
-        if kind is not Materialise.FUSIBLE:
+        if kind is not Materialise.FUSIBLE and kind is not Materialise.REDUCTION:
             continue
         found: set[int] = set()
         for p in graph.inputs[i]:
@@ -122,11 +122,11 @@ def _realised(graph: PeakGraph, order: Sequence[int]) -> set[int]:
             elif input_kind is Materialise.FUSIBLE:
                 found |= reads[p]
         users = sum(1 for r in order if i in graph.inputs[r])
-        if len(found) > _REALIZE_READS and users > 1:
+        if kind is Materialise.FUSIBLE and len(found) > _REALIZE_READS and users > 1:
             realised.add(i)
             found = {i}
         reads[i] = found
-    return realised
+    return realised, reads
 
 
 def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -> set[int]:
@@ -137,7 +137,7 @@ def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -
         for p in graph.inputs[i]:
             readers.setdefault(p, []).append(i)
     result = {i for i in kept if graph.kinds[i] is not Materialise.FREE}
-    reused = _realised(graph, order)
+    reused = _reads(graph, order)[0]
     for i in order:
         kind = graph.kinds[i]
         if kind is Materialise.BUFFER or kind is Materialise.REDUCTION:
@@ -175,38 +175,32 @@ def _read_by_two_kernels(graph: PeakGraph, i: int, readers: dict[int, list[int]]
     return False
 
 
-def _sources(graph: PeakGraph, i: int, members: set[int]) -> set[int]:
-    """The largest pointwise values a reduction at ``i`` reads, directly or through one pointwise op.
+def _sources(graph: PeakGraph, reads: set[int]) -> set[int]:
+    """The largest buffers among a reduction's ``reads``, parameters left out.
 
-    Two levels cover a reduction of ``g`` and of ``g * x``; deeper chains reach
-    the residual stream, which every layer's reductions share.  Only the
-    largest count: small operands (scalars, statistics) are shared by
+    Only the largest count: small operands (scalars, statistics) are shared by
     unrelated kernels.
     """
-    found: set[int] = set()
-    for p in graph.inputs[i]:
-        if p in members and graph.kinds[p] is Materialise.FUSIBLE:
-            found.add(p)
-            found.update(q for q in graph.inputs[p] if q in members and graph.kinds[q] is Materialise.FUSIBLE)
+    found = {v for v in reads if graph.kinds[v] is not Materialise.FREE}
     largest = max((graph.bytes[v] for v in found), default=0)
     return {v for v in found if graph.bytes[v] == largest and largest > 0}
 
 
 def _join_sibling_reductions(graph: PeakGraph, order: list[int]) -> list[int]:
-    """Move each reduction to its last sibling (a reduction over a shared pointwise value).
+    """Move each reduction to its last sibling (a reduction that reads one of its largest buffers).
 
-    Inductor computes reductions over the same values in one kernel, so the
-    earlier ones wait for the later ones' inputs.  A reduction never moves past
-    a value that reads it.
+    Inductor fuses reductions that read a common buffer into one kernel, so
+    the earlier ones wait for the later ones' inputs.  A reduction never moves
+    past a value that reads it.
     """
-    members = set(order)
+    reads = _reads(graph, order)[1]
     position = {v: k for k, v in enumerate(order)}
     readers: dict[int, int] = {}
     for k, v in enumerate(order):
         for p in graph.inputs[v]:
             readers.setdefault(p, k)
     reductions = [v for v in order if graph.kinds[v] is Materialise.REDUCTION]
-    sources = {r: _sources(graph, r, members) for r in reductions}
+    sources = {r: _sources(graph, reads[r]) for r in reductions}
     last_reader: dict[int, int] = {}  # source -> position of the last reduction over it
     for r in reductions:
         for s in sources[r]:
@@ -292,11 +286,26 @@ def _run(
 
     def walk(stop: int) -> tuple[int, int, set[int]]:
         alive = {b for b in start if b in keep or b in last_use}
+        born = dict.fromkeys(alive, 0)
         total = sum(nbytes[b] for b in alive)
         peak, at = sum(nbytes[b] for b in start), -1
         for position, i in enumerate(order):
             if i in buffers and i not in alive:
+                if graph.kinds[i] not in (Materialise.BUFFER, Materialise.FREE) and nbytes[i]:
+                    # Inductor's kernel writes in place of an input of its size that dies here.
+                    donors = [
+                        b
+                        for b in alive
+                        if b not in keep
+                        and nbytes[b] == nbytes[i]
+                        and last_use.get(b) == position
+                        and born[b] < position
+                    ]
+                    if donors:
+                        alive.discard(min(donors))
+                        total -= nbytes[i]
                 alive.add(i)
+                born[i] = position
                 total += nbytes[i]
             running = total + scratch[i]  # a library call's own working memory, while it runs
             if running > peak or at < 0:

@@ -38,10 +38,14 @@ and count nothing.
 
 **Where it runs** follows Inductor's fusion: a pointwise value runs in the
 kernel of its first consumer (its inputs stay alive until then), and
-reductions over the same pointwise values share one kernel, placed where the
-last of them is.  At each value the running total is taken after its
-output is allocated and before its dead inputs are freed, since a kernel
-holds both.  The answer
+reductions that read a common buffer (their largest reads) share one kernel,
+placed where the last of them is: in a recomputed stack, the norms' weight
+gradients of the layers that read one realised residual.  At each value the
+running total is taken after its output is allocated and before its dead
+inputs are freed, since a kernel holds both; but one of Inductor's own
+kernels (not a library call) writes its output in place of an input of the
+same size whose last reader it is, and a library call's measured working
+memory (``PeakGraph.scratch``) is alive while it runs.  The answer
 names the phase and value where the peak happens and the largest buffers
 alive there.  Pure data in, data out: no ``torch.fx`` here (the graph is read
 by :mod:`ckpt.partitioner.peak_analysis`).
@@ -60,7 +64,7 @@ from __future__ import annotations
 import enum
 import functools
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ckpt.partitioner.peak_order import BUFFER, FREE, FUSIBLE, RANDOM, REDUCTION, GraphIndex, PhaseOrder
@@ -329,6 +333,39 @@ def _lifetimes(
     return spans
 
 
+def _reuse_in_place(
+    spans: list[tuple[int, int, int]],
+    order: Sequence[int],
+    kinds: Sequence[int],
+    nbytes: Sequence[int],
+    keep: bytearray,
+) -> None:
+    """Let each kernel of Inductor's write its output into an input of the same size that dies there.
+
+    Inductor's own kernels (pointwise values, reductions, random draws; not
+    library calls) store their output in place of an input buffer whose last
+    reader they are, when the sizes match: the input's bytes pass to the
+    output, so its span ends just before.  Among several such inputs the one
+    with the lowest value index is taken; each input serves one output.
+    """
+    ending: dict[tuple[int, int], list[int]] = {}  # (position, bytes) -> spans that end there
+    for at, (first, last, b) in enumerate(spans):
+        if first < last and not keep[b] and nbytes[b] > 0:
+            ending.setdefault((last, nbytes[b]), []).append(at)
+    if not ending:
+        return
+    for first, _, b in list(spans):
+        if kinds[b] in (BUFFER, FREE) or order[first] != b or not nbytes[b]:
+            continue
+        candidates = ending.get((first, nbytes[b]))
+        if not candidates:
+            continue
+        chosen = min(candidates, key=lambda at: spans[at][2])
+        candidates.remove(chosen)
+        start, _, donor = spans[chosen]
+        spans[chosen] = (start, first - 1, donor)
+
+
 def _run(
     names: tuple[str, ...],
     nbytes: tuple[int, ...],
@@ -351,6 +388,7 @@ def _run(
     if not order:  # an empty phase: what it starts with
         return _Phase(sum(nbytes[b] for b in set(start)), "", ())
     spans = _lifetimes(phase, buffers, start, keep, _last_uses(index, phase, buffers, available))
+    _reuse_in_place(spans, order, index.kinds, nbytes, keep)
     change = [0] * (len(order) + 1)
     for first, last, b in spans:
         change[first] += nbytes[b]

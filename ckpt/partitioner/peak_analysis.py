@@ -19,6 +19,9 @@ on the result without touching ``torch.fx``.
   anyway and count nothing, except the channels-last copies Inductor makes of
   those a convolution reads (allocated where the convolution runs, like a
   pointwise value a library call reads); tangents count.
+* **addmm.**  Inductor rewrites ``add(mm(a, b), c)`` into one ``addmm``
+  (:func:`_addmm_pairs`): the sum allocates as a library call's output and
+  the product allocates nothing.
 * **Scratch.**  A library call's working memory beyond its outputs, where it
   was measured on the device (``JointAnalysis.scratch_bytes``), is alive
   while the call runs.
@@ -67,6 +70,43 @@ def _kind(node: fx.Node, analysis: JointAnalysis, backward: bool) -> Materialise
     return Materialise.BUFFER
 
 
+def _addmm_pairs(nodes: list[fx.Node]) -> dict[str, str]:
+    """The adds Inductor turns into ``addmm`` with the ``mm`` they read, as ``{add: mm}``.
+
+    Inductor's post-grad pass rewrites ``add(mm(a, b), c)`` (in either order)
+    into ``addmm(c, a, b)`` when the mm has no other reader and ``c`` is a
+    tensor of the mm's dtype that broadcasts to its shape; on a GPU only when
+    some reader of the sum is not pointwise.  The sum is then a library
+    call's output, and the mm's product is never a buffer of its own.  The
+    partitioned graphs get the same rewrite, so the pairs found in the joint
+    graph are the ones Inductor will see.
+    """
+    pairs: dict[str, str] = {}
+    add, mm = torch.ops.aten.add.Tensor, torch.ops.aten.mm.default
+    for node in nodes:
+        if node.op != "call_function" or node.target is not add or len(node.args) != 2 or node.kwargs:
+            continue
+        for product, other in (node.args, node.args[::-1]):
+            if not (isinstance(product, fx.Node) and product.target is mm and len(product.users) == 1):
+                continue
+            value, bias = product.meta.get("val"), getattr(other, "meta", {}).get("val")
+            if not (isinstance(value, torch.Tensor) and isinstance(bias, torch.Tensor)):
+                continue
+            if bias.dtype != value.dtype or not _broadcasts(tuple(bias.shape), tuple(value.shape)):
+                continue
+            if value.device.type != "cpu" and all(compat.is_pointwise_op(u.target) for u in node.users):
+                continue  # on a GPU Inductor keeps the add pointwise, to fuse it into its readers
+            pairs[node.name] = product.name
+            break
+    return pairs
+
+
+def _broadcasts(shape: tuple[Any, ...], to: tuple[Any, ...]) -> bool:
+    if len(shape) > len(to):
+        return False
+    return all(a == 1 or a == b for a, b in zip(shape[::-1], to[::-1]))
+
+
 def _nbytes(node: fx.Node, sizes: SizeEvaluator) -> int:
     value = node.meta.get("val")
     if not isinstance(value, torch.Tensor):
@@ -106,9 +146,13 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         required[i] = True
         stack.extend(inputs[i])
     kinds = [_kind(n, analysis, backward[i]) for i, n in enumerate(nodes)]
+    nbytes = [_nbytes(n, sizes) for n in nodes]
+    for add_name, mm_name in _addmm_pairs(nodes).items():
+        kinds[index[add_name]] = Materialise.BUFFER  # addmm: a library call's output
+        nbytes[index[mm_name]] = 0  # its product is written into the sum's buffer
     return PeakGraph(
         names=tuple(n.name for n in nodes),
-        bytes=tuple(_nbytes(n, sizes) for n in nodes),
+        bytes=tuple(nbytes),
         kinds=tuple(kinds),
         inputs=tuple(inputs),
         backward=tuple(backward),

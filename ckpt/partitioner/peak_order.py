@@ -33,7 +33,7 @@ BUFFER, REDUCTION, FUSIBLE, RANDOM, FREE = range(5)
 _REALIZE_READS = 4
 _REALIZE_OPS = 30
 
-# How a pointwise value reads an input (``GraphIndex._reads_of``).
+# How a pointwise value or a reduction reads an input (``GraphIndex._reads_of``).
 _READ_ALWAYS, _READ_INLINED, _READ_RANDOM = range(3)
 
 # Forward orders kept per graph: one per set of extra forward values, and few plans have any.
@@ -81,9 +81,9 @@ class GraphIndex:
         self.is_reduction = bytearray(k == REDUCTION for k in kinds)
         # Inputs by kind, for the passes that only follow pointwise values.
         self.inlined_inputs = [tuple(p for p in preds if self.inlined[p]) for preds in inputs]
-        self.fusible_inputs = [tuple(p for p in preds if kinds[p] == FUSIBLE) for preds in inputs]
         self.is_fusible = bytearray(k == FUSIBLE for k in kinds)
-        # What a pointwise value reads, for realising it: buffers and parameters always, a pointwise or
+        self.reads_buffers = bytearray(k == FUSIBLE or k == REDUCTION for k in kinds)  # Inductor's own kernels
+        # What a pointwise value or a reduction reads: buffers and parameters always, a pointwise or
         # random input through its own reads when it is inlined (in the phase and not realised).
         self._reads_of = [
             tuple(
@@ -91,7 +91,7 @@ class GraphIndex:
                 for p in preds
                 if kinds[p] != FREE or nbytes[p] > 0
             )
-            if kinds[i] == FUSIBLE
+            if kinds[i] == FUSIBLE or kinds[i] == REDUCTION
             else ()
             for i, preds in enumerate(inputs)
         ]
@@ -212,8 +212,8 @@ class GraphIndex:
     def phase(self, order: list[int]) -> PhaseOrder:
         """The phase that runs ``order`` (in graph dependency order): fused, with its plan-independent buffers."""
         position = self._positions(order)
-        realised = self._realised_on_reuse(order, position)
-        joined = self._join_sibling_reductions(order, position)
+        realised, reads = self._reads(order, position)
+        joined = self._join_sibling_reductions(order, position, reads)
         if joined is not order:
             position = self._positions(joined)
         fused = self._fuse_into_consumers(joined, position)
@@ -228,78 +228,68 @@ class GraphIndex:
             position[v] = k
         return position
 
-    def _realised_on_reuse(self, order: Sequence[int], position: list[int]) -> bytearray:
-        """The pointwise values Inductor realises because several values read them.
+    def _reads(self, order: Sequence[int], position: list[int]) -> tuple[bytearray, dict[int, frozenset[int]]]:
+        """The pointwise values Inductor realises because several values read them, and what each kernel reads.
 
+        A value's reads are the buffers and parameters its kernel loads: its
+        inputs that are buffers (or come from the other phase, or are
+        parameters), and the reads of the pointwise inputs inlined into it.
         Inductor inlines a pointwise value into each of its readers, unless
-        more than one value of the graph reads it and its inlined body would
-        load more than ``realize_reads_threshold`` buffers (parameters
-        included): then it is realised, and its readers read it instead.  The
-        residual stream of a recomputed stack is realised every few layers so.
-        Whether it allocates depends on the kernels that read it (see
-        ``PhaseOrder.shared``).  ``order`` is in dependency order.
+        more than one value of the graph reads it and it would read more than
+        ``realize_reads_threshold`` buffers: then it is realised, and its
+        readers read it instead.  The residual stream of a recomputed stack is
+        realised every few layers so.  Whether a realised value allocates
+        depends on the kernels that read it (see ``PhaseOrder.shared``).
+        ``reads`` holds the reads of the phase's pointwise values and
+        reductions.  ``order`` is in dependency order.
         """
         readers, reads_of = self.readers, self._reads_of
         realised = bytearray(self.n)
-        # What computing each pointwise value reads, buffers and parameters; None: more than the threshold.
-        leaves: dict[int, frozenset[int] | None] = {}
-        for i in itertools.compress(order, map(self.is_fusible.__getitem__, order)):
-            found: set[int] | None = set()
+        reads: dict[int, frozenset[int]] = {}
+        for i in itertools.compress(order, map(self.reads_buffers.__getitem__, order)):
+            found: set[int] = set()
             for p, code in reads_of[i]:
                 if code == _READ_ALWAYS or position[p] < 0 or realised[p]:
-                    found.add(p)  # type: ignore[union-attr]
+                    found.add(p)
                 elif code == _READ_INLINED:
-                    inner = leaves[p]
-                    if inner is None:
-                        found = None
-                        break
-                    found |= inner  # type: ignore[operator]
+                    found |= reads[p]
                 # a random draw inlined into its reader reads no buffer
-            if found is None or len(found) > _REALIZE_READS:
+            if len(found) > _REALIZE_READS and self.is_fusible[i]:
                 users = 0
                 for r in readers[i]:
                     if position[r] >= 0:
                         users += 1
                 if users > 1:
                     realised[i] = 1
-                    leaves[i] = frozenset((i,))
-                else:
-                    leaves[i] = None
-            else:
-                leaves[i] = frozenset(found)
-        return realised
+                    found = {i}
+            reads[i] = frozenset(found)
+        return realised, reads
 
-    def _sources(self, i: int, position: list[int]) -> list[int]:
-        """The largest pointwise values a reduction at ``i`` reads, directly or through one pointwise op.
+    def _sources(self, reads: frozenset[int]) -> list[int]:
+        """The largest buffers among a reduction's ``reads``, parameters left out.
 
-        Two levels cover a reduction of ``g`` and of ``g * x``; deeper chains
-        reach the residual stream, which every layer's reductions share.  Only
-        the largest count: small operands (scalars, statistics) are shared by
-        unrelated kernels.
+        Only the largest count: small operands (scalars, statistics) are shared
+        by unrelated kernels.
         """
-        fusible_inputs = self.fusible_inputs
-        found: set[int] = set()
-        for p in fusible_inputs[i]:
-            if position[p] >= 0:
-                found.add(p)
-                found.update(q for q in fusible_inputs[p] if position[q] >= 0)
-        if not found:
-            return []
-        nbytes = self.nbytes
-        largest = max(nbytes[v] for v in found)
-        return [v for v in found if nbytes[v] == largest] if largest > 0 else []
+        nbytes, kinds = self.nbytes, self.kinds
+        largest = max((nbytes[v] for v in reads if kinds[v] != FREE), default=0)
+        return [v for v in reads if kinds[v] != FREE and nbytes[v] == largest] if largest > 0 else []
 
-    def _join_sibling_reductions(self, order: list[int], position: list[int]) -> list[int]:
-        """Move each reduction to its last sibling (a reduction over a shared pointwise value).
+    def _join_sibling_reductions(
+        self, order: list[int], position: list[int], reads: dict[int, frozenset[int]]
+    ) -> list[int]:
+        """Move each reduction to its last sibling (a reduction that reads one of its largest buffers).
 
-        Inductor computes reductions over the same values in one kernel, so the
-        earlier ones wait for the later ones' inputs.  A reduction never moves
-        past a value that reads it.  ``position`` is ``order``'s; ``order``
-        itself comes back if nothing moves.
+        Inductor fuses reductions that read a common buffer into one kernel,
+        so the earlier ones wait for the later ones' inputs: in a recomputed
+        stack the norms' weight gradients of the layers that read one realised
+        residual are summed in one kernel, and their inputs live until then.
+        A reduction never moves past a value that reads it.  ``position`` is
+        ``order``'s; ``order`` itself comes back if nothing moves.
         """
         readers = self.readers
         reductions = list(itertools.compress(range(len(order)), map(self.is_reduction.__getitem__, order)))
-        sources = [self._sources(order[k], position) for k in reductions]
+        sources = [self._sources(reads[order[k]]) for k in reductions]
         last_reader: dict[int, int] = {}  # source -> position of the last reduction over it
         for k, found in zip(reductions, sources):
             for s in found:
