@@ -135,3 +135,15 @@ def test_module_budgets_table_splits_each_plan_by_region():
     assert "| ckpt regions (attn 0.5, mlp 0.1) |      6.00 |     4.00 |    1.00 |     1.00 |" in text
     assert "0.909" in text  # compile's step over the regional one
     assert "| mlp    |    1.00 |              10.00 |" in text
+
+
+def test_peak_accuracy_writes_predicted_and_measured_peaks(tmp_path):
+    from benchmarks.peak_accuracy import main
+
+    out = tmp_path / "peak.md"
+    assert main(["--models", "mlp", "--settings", "0.5,peak-0.5", "--size", "tiny", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "Predicted within 10% of measured:" in text and "of 2;" in text
+    rows = [line for line in text.splitlines() if line.startswith("| mlp |")]
+    assert [row.split(" | ")[1] for row in rows] == ["0.5", "peak-0.5"]
+    assert all(float(row.split(" | ")[4]) > 0 for row in rows)  # a measured peak in MiB

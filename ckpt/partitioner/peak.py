@@ -348,22 +348,23 @@ def _reuse_in_place(
     output, so its span ends just before.  Among several such inputs the one
     with the lowest value index is taken; each input serves one output.
     """
-    ending: dict[tuple[int, int], list[int]] = {}  # (position, bytes) -> spans that end there
-    for at, (first, last, b) in enumerate(spans):
-        if first < last and not keep[b] and nbytes[b] > 0:
-            ending.setdefault((last, nbytes[b]), []).append(at)
-    if not ending:
+    outputs: dict[int, int] = {}  # position -> the kernel output allocated there
+    for first, _, b in spans:
+        if order[first] == b and nbytes[b] and kinds[b] != BUFFER and kinds[b] != FREE:
+            outputs[first] = b
+    if not outputs:
         return
-    for first, _, b in list(spans):
-        if kinds[b] in (BUFFER, FREE) or order[first] != b or not nbytes[b]:
+    donors: dict[int, int] = {}  # position -> the span of the input its output takes over
+    for at, (first, last, b) in enumerate(spans):
+        output = outputs.get(last)
+        if output is None or first >= last or keep[b] or nbytes[b] != nbytes[output]:
             continue
-        candidates = ending.get((first, nbytes[b]))
-        if not candidates:
-            continue
-        chosen = min(candidates, key=lambda at: spans[at][2])
-        candidates.remove(chosen)
-        start, _, donor = spans[chosen]
-        spans[chosen] = (start, first - 1, donor)
+        known = donors.get(last)
+        if known is None or b < spans[known][2]:
+            donors[last] = at
+    for last, at in donors.items():
+        first, _, donor = spans[at]
+        spans[at] = (first, last - 1, donor)
 
 
 def _run(

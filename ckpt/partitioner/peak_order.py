@@ -228,7 +228,7 @@ class GraphIndex:
             position[v] = k
         return position
 
-    def _reads(self, order: Sequence[int], position: list[int]) -> tuple[bytearray, dict[int, frozenset[int]]]:
+    def _reads(self, order: Sequence[int], position: list[int]) -> tuple[bytearray, dict[int, set[int]]]:
         """The pointwise values Inductor realises because several values read them, and what each kernel reads.
 
         A value's reads are the buffers and parameters its kernel loads: its
@@ -245,14 +245,14 @@ class GraphIndex:
         """
         readers, reads_of = self.readers, self._reads_of
         realised = bytearray(self.n)
-        reads: dict[int, frozenset[int]] = {}
+        reads: dict[int, set[int]] = {}  # never changed once made
         for i in itertools.compress(order, map(self.reads_buffers.__getitem__, order)):
             found: set[int] = set()
             for p, code in reads_of[i]:
                 if code == _READ_ALWAYS or position[p] < 0 or realised[p]:
                     found.add(p)
                 elif code == _READ_INLINED:
-                    found |= reads[p]
+                    found.update(reads[p])
                 # a random draw inlined into its reader reads no buffer
             if len(found) > _REALIZE_READS and self.is_fusible[i]:
                 users = 0
@@ -262,10 +262,10 @@ class GraphIndex:
                 if users > 1:
                     realised[i] = 1
                     found = {i}
-            reads[i] = frozenset(found)
+            reads[i] = found
         return realised, reads
 
-    def _sources(self, reads: frozenset[int]) -> list[int]:
+    def _sources(self, reads: set[int]) -> list[int]:
         """The largest buffers among a reduction's ``reads``, parameters left out.
 
         Only the largest count: small operands (scalars, statistics) are shared
@@ -275,9 +275,7 @@ class GraphIndex:
         largest = max((nbytes[v] for v in reads if kinds[v] != FREE), default=0)
         return [v for v in reads if kinds[v] != FREE and nbytes[v] == largest] if largest > 0 else []
 
-    def _join_sibling_reductions(
-        self, order: list[int], position: list[int], reads: dict[int, frozenset[int]]
-    ) -> list[int]:
+    def _join_sibling_reductions(self, order: list[int], position: list[int], reads: dict[int, set[int]]) -> list[int]:
         """Move each reduction to its last sibling (a reduction that reads one of its largest buffers).
 
         Inductor fuses reductions that read a common buffer into one kernel,
