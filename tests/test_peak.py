@@ -93,6 +93,24 @@ def test_saving_segment_boundaries_bounds_the_working_set() -> None:
     assert boundary.backward_bytes == 10 + 1 + 40 + 10  # h4, tangent, h5..h8, g8
 
 
+def forward_only(
+    names: list[str], kinds: list[Materialise], inputs: list[tuple[int, ...]], sizes: list[int] | None = None
+) -> PeakGraph:
+    """A graph with no backward whose last value is its output; every value 10 bytes unless ``sizes`` says."""
+    n = len(names)
+    return PeakGraph(
+        names=tuple(names),
+        bytes=tuple(sizes) if sizes is not None else (10,) * n,
+        kinds=tuple(kinds),
+        inputs=tuple(inputs),
+        backward=(False,) * n,
+        required=(True,) * n,
+        outputs=frozenset({n - 1}),
+        gradients=frozenset(),
+        tangents=frozenset(),
+    )
+
+
 def test_fused_values_allocate_nothing_and_extend_their_inputs() -> None:
     graph = chain(4, fused=True)  # pointwise layers: h1 and h3 fuse into h2 and h4
     prediction = simulate_peak(graph, saved=(2, 4), recomputed=(1, 3))
@@ -104,17 +122,7 @@ def test_fused_values_allocate_nothing_and_extend_their_inputs() -> None:
 def test_a_pointwise_value_runs_in_its_consumers_kernel() -> None:
     # c = a + b is pointwise and read by the library call e, which runs after d:
     # Inductor computes c inside e's input kernel, so a and b live until then.
-    graph = PeakGraph(
-        names=("a", "b", "c", "d", "e"),
-        bytes=(10, 10, 10, 10, 10),
-        kinds=(B, B, F, B, B),
-        inputs=((), (), (0, 1), (), (2, 3)),
-        backward=(False,) * 5,
-        required=(True,) * 5,
-        outputs=frozenset({4}),
-        gradients=frozenset(),
-        tangents=frozenset(),
-    )
+    graph = forward_only(["a", "b", "c", "d", "e"], [B, B, F, B, B], [(), (), (0, 1), (), (2, 3)])
     prediction = simulate_peak(graph, saved=(), recomputed=())
     # a and b are still alive when d runs (computing c first would have freed them: 20 bytes)
     assert prediction.forward_bytes == 30
@@ -135,18 +143,7 @@ def _draw_graph(second_reader: bool) -> PeakGraph:
         names += ["u", "w"]
         kinds += [F, B]
         inputs += [(3, 6), (7,)]
-    n = len(names)
-    return PeakGraph(
-        names=tuple(names),
-        bytes=tuple(0 if k is X else 10 for k in kinds),
-        kinds=tuple(kinds),
-        inputs=tuple(inputs),
-        backward=(False,) * n,
-        required=(True,) * n,
-        outputs=frozenset({n - 1}),
-        gradients=frozenset(),
-        tangents=frozenset(),
-    )
+    return forward_only(names, kinds, inputs, sizes=[0 if k is X else 10 for k in kinds])
 
 
 def test_a_random_draw_one_kernel_reads_stays_inside_it() -> None:
@@ -169,18 +166,7 @@ def _shared_sum(reads: int) -> PeakGraph:
     kinds = [B] * reads + [F, F, B, F, B]
     s = reads
     inputs = [()] * reads + [tuple(range(reads)), (s,), (s + 1,), (s,), (s + 3, s + 2)]
-    n = len(names)
-    return PeakGraph(
-        names=tuple(names),
-        bytes=(10,) * n,
-        kinds=tuple(kinds),
-        inputs=tuple(inputs),
-        backward=(False,) * n,
-        required=(True,) * n,
-        outputs=frozenset({n - 1}),
-        gradients=frozenset(),
-        tangents=frozenset(),
-    )
+    return forward_only(names, kinds, inputs)
 
 
 def test_a_pointwise_value_reading_many_buffers_is_realised_for_its_two_kernels() -> None:
