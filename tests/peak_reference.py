@@ -248,6 +248,69 @@ def _fuse_into_consumers(graph: PeakGraph, order: Sequence[int]) -> list[int]:
     return result
 
 
+def _join_sibling_pointwise(
+    graph: PeakGraph, order: list[int]
+) -> tuple[list[int], dict[int, int], dict[int, set[int]]]:
+    """Run each pointwise value a library call reads with its last sibling; what depends on it waits.
+
+    On the fused order.  Siblings are such values that read one of its largest
+    buffers; a moved value goes right after its last sibling, and the values
+    that depend on moved values, up to where those went, follow in their
+    order.  Returns the order, for each value of a joined kernel its kernel
+    (the position, in ``order``, of the sibling it joined), and for each such
+    value the buffers no other value of its kernel reads.
+    """
+    realised, reads = _reads(graph, sorted(order))  # what a value reads depends on the phase's values alone
+    position = {v: k for k, v in enumerate(order)}
+    members = set(order)
+    candidates = [
+        v
+        for v in order
+        if graph.kinds[v] is Materialise.FUSIBLE
+        and v not in realised
+        and any(v in graph.inputs[r] and graph.kinds[r] is Materialise.BUFFER for r in members)
+    ]
+    sources = {v: _sources(graph, reads[v]) for v in candidates}
+    target: dict[int, int] = {}
+    for v in candidates:
+        siblings = [position[u] for u in candidates if sources[u] & sources[v]]
+        if max(siblings, default=-1) > position[v]:
+            target[v] = max(siblings)
+    if not target:
+        return order, {}, {}
+    anchor: dict[int, int] = {}
+    tier: dict[int, int] = {}
+    for v in order:
+        waits = max((anchor[p] for p in graph.inputs[v] if p in anchor), default=-1)
+        if v in target and target[v] >= waits:
+            anchor[v], tier[v] = target[v], 1
+        elif waits >= position[v]:  # (a sibling that depends on a moved value follows it)
+            anchor[v], tier[v] = waits, 2
+    result = sorted(order, key=lambda v: (anchor.get(v, position[v]), tier.get(v, 0), position[v]))
+    kernels = {v: t for v, t in target.items()}
+    kernels.update({order[t]: t for t in target.values()})
+
+    def kernel_reads(v: int) -> set[int]:  # a joined value is read as itself, as its kernel writes it
+        found: set[int] = set()
+        for p in graph.inputs[v]:
+            kind = graph.kinds[p]
+            if kind is Materialise.FREE:
+                if graph.bytes[p] > 0:
+                    found.add(p)
+            elif p in kernels or p not in members or p in realised or kind not in _INLINED:
+                found.add(p)
+            elif kind is Materialise.FUSIBLE:
+                found |= kernel_reads(p)
+        return found
+
+    own = {v: kernel_reads(v) for v in kernels}
+    sole = {
+        v: {b for b in own[v] if sum(1 for u in kernels if kernels[u] == kernels[v] and b in own[u]) == 1}
+        for v in kernels
+    }
+    return result, kernels, sole
+
+
 def _buffer_reads(
     graph: PeakGraph, order: Sequence[int], buffers: set[int], available: set[int]
 ) -> dict[int, set[int]]:
@@ -271,39 +334,69 @@ def _run(
     start: Iterable[int],
     keep: set[int],
     reads: dict[int, set[int]],
+    kernels: dict[int, int],
+    sole: dict[int, set[int]],
 ) -> tuple[_Phase, set[int]]:
     """Allocate and free along ``order``; the phase's peak and what is alive at its end.
 
     The first pass finds the peak's position; a second, up to it, recovers
     what is alive there (cheaper than copying the alive set at every new high).
+    A joined kernel (``kernels``) reads its inputs until its last value.
     """
+    where = {v: k for k, v in enumerate(order)}
+    kernel_end: dict[int, int] = {}
+    for v, kernel in kernels.items():
+        kernel_end[kernel] = max(kernel_end.get(kernel, -1), where[v])
     last_use: dict[int, int] = {}
     for position, i in enumerate(order):
+        until = kernel_end[kernels[i]] if i in kernels else position
         for b in reads[i]:
-            last_use[b] = position
+            last_use[b] = max(last_use.get(b, -1), until)
+    due: dict[int, set[int]] = {}
+    for b, position in last_use.items():
+        due.setdefault(position, set()).add(b)
     nbytes = graph.bytes
     scratch = graph.scratch or (0,) * len(graph)
 
-    def walk(stop: int) -> tuple[int, int, set[int]]:
+    takes = [
+        kind in (Materialise.FUSIBLE, Materialise.REDUCTION, Materialise.RANDOM) or i in graph.out_buffers
+        for i, kind in enumerate(graph.kinds)
+    ]
+    start_set = set(start)
+
+    def walk(stop: int, holds: dict[int, int], events: list[tuple[int, str, int]]) -> tuple[int, int, set[int]]:
         alive = {b for b in start if b in keep or b in last_use}
         born = dict.fromkeys(alive, 0)
+        held: dict[int, list[int]] = {}  # position -> freed buffers held for the buffer allocated there
         total = sum(nbytes[b] for b in alive)
         peak, at = sum(nbytes[b] for b in start), -1
         for position, i in enumerate(order):
             if i in buffers and i not in alive:
+                in_place = False
                 if graph.kinds[i] not in (Materialise.BUFFER, Materialise.FREE) and nbytes[i]:
-                    # Inductor's kernel writes in place of an input of its size that dies here.
+                    # Inductor's kernel writes in place of an input of its size that dies here (in a
+                    # kernel of siblings: that dies at its end, and that no other value of it reads).
+                    dies = kernel_end[kernels[i]] if i in kernels else position
                     donors = [
                         b
                         for b in alive
                         if b not in keep
+                        and b not in graph.concats
                         and nbytes[b] == nbytes[i]
-                        and last_use.get(b) == position
+                        and last_use.get(b) == dies
                         and born[b] < position
+                        and (i not in kernels or b in sole[i])
                     ]
                     if donors:
                         alive.discard(min(donors))
                         total -= nbytes[i]
+                        in_place = True
+                        events.append((position, "in place", min(donors)))
+                for b in held.pop(position, ()):  # a held buffer passes to this one
+                    alive.discard(b)
+                    total -= nbytes[b]
+                if not in_place and i not in start_set and nbytes[i] and takes[i]:
+                    events.append((position, "take", i))
                 alive.add(i)
                 born[i] = position
                 total += nbytes[i]
@@ -312,17 +405,38 @@ def _run(
                 peak, at = running, position
             if position == stop:
                 break
-            freed = reads[i] | {i} if i in buffers else reads[i]
-            for b in freed:
+            freed = reads[i] | due.get(position, set()) | ({i} if i in buffers else set())
+            for b in sorted(freed):
                 if b in alive and b not in keep and last_use.get(b, -1) <= position:
+                    if b in holds:
+                        held.setdefault(holds[b], []).append(b)
+                        continue
                     alive.discard(b)
                     total -= nbytes[b]
+                    if b not in start_set and nbytes[b] and position < len(order) - 1:
+                        events.append((position, "free", b))
         return peak, at, alive
 
-    peak, at, alive = walk(len(order))
+    def pool(events: list[tuple[int, str, int]]) -> dict[int, int]:
+        """Which freed buffer each allocation takes over: the latest freed of its size."""
+        gave = {b for _, kind, b in events if kind == "in place"}
+        freed: dict[int, list[int]] = {}
+        holds: dict[int, int] = {}
+        for position, kind, b in events:
+            if kind == "take" and freed.get(nbytes[b]):
+                holds[freed[nbytes[b]].pop()] = position
+            elif kind == "free" and b not in gave:
+                freed.setdefault(nbytes[b], []).append(b)
+        return holds
+
+    events: list[tuple[int, str, int]] = []
+    walk(len(order), {}, events)
+    holds = pool(events)
+
+    peak, at, alive = walk(len(order), holds, [])
     if at < 0:  # an empty phase
         return _Phase(peak, "", ()), alive
-    _, _, there = walk(at)
+    _, _, there = walk(at, holds, [])
     items = [(-nbytes[b], b, graph.names[b]) for b in there]
     if scratch[order[at]]:
         items.append((-scratch[order[at]], -1, f"{graph.names[order[at]]} (scratch)"))
@@ -331,12 +445,14 @@ def _run(
 
 
 def _backward_phase(graph: PeakGraph, saved: frozenset[int], recomputed: frozenset[int]) -> _Phase:
-    backward = _fuse_into_consumers(graph, _backward_order(graph, recomputed))
+    backward, kernels, sole = _join_sibling_pointwise(
+        graph, _fuse_into_consumers(graph, _backward_order(graph, recomputed))
+    )
     start = {i for i in saved if graph.kinds[i] is not Materialise.FREE}
     start |= {i for i in graph.tangents if graph.kinds[i] is not Materialise.FREE}
     b_buffers = _materialised(graph, backward, graph.gradients)
     b_reads = _buffer_reads(graph, backward, b_buffers, start)
-    phase, _ = _run(graph, backward, b_buffers, start, set(graph.gradients), b_reads)
+    phase, _ = _run(graph, backward, b_buffers, start, set(graph.gradients), b_reads, kernels, sole)
     return phase
 
 
@@ -344,15 +460,20 @@ def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[i
     """The forward and backward peaks of the plan that saves ``saved`` and recomputes ``recomputed``.
 
     Indices are values of ``graph``.  Bytes are above what is resident before
-    the forward starts.
+    the forward starts.  Concatenations' inputs written into their buffers
+    (``PeakGraph.concat_inputs``) are not replayed here.
     """
+    if graph.concat_inputs:
+        raise NotImplementedError("the reference does not write concatenations' inputs into their buffers")
     saved_set = frozenset(saved)
     recomputed_set = frozenset(recomputed)
-    forward = _fuse_into_consumers(graph, _forward_order(graph, saved_set))
+    forward, kernels, sole = _join_sibling_pointwise(
+        graph, _fuse_into_consumers(graph, _forward_order(graph, saved_set))
+    )
     forward_kept = saved_set | {i for i in graph.outputs if not graph.backward[i]}
     f_buffers = _materialised(graph, forward, forward_kept)
     f_reads = _buffer_reads(graph, forward, f_buffers, set())
-    f_phase, _ = _run(graph, forward, f_buffers, (), set(forward_kept), f_reads)
+    f_phase, _ = _run(graph, forward, f_buffers, (), set(forward_kept), f_reads, kernels, sole)
     b_phase = _backward_phase(graph, saved_set, recomputed_set)
 
     if b_phase.peak > f_phase.peak:

@@ -115,8 +115,10 @@ def test_fused_values_allocate_nothing_and_extend_their_inputs() -> None:
     graph = chain(4, fused=True)  # pointwise layers: h1 and h3 fuse into h2 and h4
     prediction = simulate_peak(graph, saved=(2, 4), recomputed=(1, 3))
     assert prediction.forward_bytes == 2 * 10 + 1  # only the saved h2 and h4, then the loss
-    # the backward's library calls read h1 and h3, so there they are materialised
-    assert prediction.backward_bytes == 4 * 10 + 1  # at g3: h2, the recomputed h3, g4, g3 and w4
+    # the backward's library calls read h1 and h3, so there they are materialised; g4 dies at g3,
+    # but Inductor holds it for the recomputed h1, a kernel output of its size
+    assert prediction.backward_bytes == 4 * 10 + 2  # at g2: h2, g4 (held), g3, g2, w4 and w3
+    assert prediction.node == "g2" and dict(prediction.alive)["g4"] == 10
 
 
 def test_a_pointwise_value_runs_in_its_consumers_kernel() -> None:
@@ -179,6 +181,69 @@ def test_a_pointwise_value_reading_many_buffers_is_realised_for_its_two_kernels(
     # The five b's die in s's own kernel (s is written in place of one); inlined they would
     # live until L2, beside u and L1: 5 * 10 + 20.
     assert realised.forward_bytes == 5 * 10
+
+
+def test_a_freed_buffer_is_held_for_a_later_buffer_of_its_size() -> None:
+    # a dies at b; c, a kernel output of a's size, takes a's storage after the library call y:
+    # Inductor holds a until then, so a counts while y runs.
+    names, inputs, sizes = ["a", "b", "y", "c", "out"], [(), (0,), (1,), (2,), (3,)], [10, 20, 1000, 10, 1]
+    held = simulate_peak(forward_only(names, [B, B, B, F, B], inputs, sizes), (), ())
+    assert held.node == "y" and held.forward_bytes == 10 + 20 + 1000
+    assert dict(held.alive)["a"] == 10
+    # a library call's output is allocated by the call itself: nothing waits for it
+    fresh = forward_only(names, [B, B, B, B, B], inputs, sizes)
+    assert simulate_peak(fresh, (), ()).forward_bytes == 20 + 1000
+    # unless Inductor passes it an out= buffer (mm), which takes a freed one as a kernel does
+    out = simulate_peak(dataclasses.replace(fresh, out_buffers=frozenset({3})), (), ())
+    assert out.forward_bytes == held.forward_bytes
+
+
+def test_pointwise_siblings_run_in_one_kernel_and_their_readers_wait() -> None:
+    # a = gelu(h) is read by the weight gradient W; d = gelu'(g, h) by the input gradient X.  Inductor
+    # fuses a into d's kernel (both read h), so W waits for d, and h, a and d are alive at once.  d
+    # writes in place of g, which nothing else in the kernel reads; a cannot take h, which d reads.
+    names = ["h", "g", "a", "W", "d", "X", "out"]
+    kinds = [B, B, F, B, F, B, B]
+    inputs = [(), (), (0,), (2,), (0, 1), (4,), (3, 5)]
+    prediction = simulate_peak(forward_only(names, kinds, inputs, [10, 10, 10, 1, 10, 1, 1]), (), ())
+    assert prediction.node == "a" and prediction.forward_bytes == 30
+    assert {name for name, _ in prediction.alive} == {"h", "d", "a"}
+
+
+def test_a_pointwise_input_of_a_concatenation_is_written_into_its_buffer() -> None:
+    # e (read by the library call L1) is also concatenated with u into cat.  Inductor computes e
+    # straight into its half of cat's buffer, so that whole buffer is alive from e's kernel on,
+    # through Y; neither e nor u has a buffer of its own.
+    names = ["x", "e", "L1", "Y", "u", "cat", "L2", "out"]
+    kinds = [B, F, B, B, F, F, B, B]
+    inputs = [(), (0,), (1,), (2,), (3,), (1, 4), (5,), (6,)]
+    graph = forward_only(names, kinds, inputs, [10, 10, 1, 100, 10, 20, 1, 1])
+    separate = simulate_peak(graph, (), ())
+    assert separate.node == "cat" and separate.forward_bytes == 10 + 100 + 20  # e, Y and cat
+    written = simulate_peak(dataclasses.replace(graph, concat_inputs=((1, 5),)), (), ())
+    assert written.node == "Y" and written.forward_bytes == 20 + 1 + 100
+    assert dict(written.alive)["cat"] == 20 and "e" not in dict(written.alive)
+    with pytest.raises(ValueError, match="concat_inputs"):
+        dataclasses.replace(graph, concat_inputs=((0, 5),))
+
+
+class _Concat(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        return self.lin(torch.cat([torch.relu(h), h], dim=0)).sum()
+
+
+def test_a_concatenation_on_the_cpu_is_a_buffer_its_pointwise_inputs_are_written_into() -> None:
+    joint = trace_joint(_Concat(), torch.randn(8, 16))
+    graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    (cat,) = [i for i, name in enumerate(graph.names) if name.startswith("cat")]
+    assert graph.kinds[cat] is Materialise.BUFFER and graph.concats == {cat}
+    # relu is computed into its half of the buffer; h, a library call's output, is copied
+    assert [graph.names[source] for source, into in graph.concat_inputs if into == cat] == ["relu"]
 
 
 def test_gradients_stay_alive_to_the_end() -> None:
@@ -427,7 +492,8 @@ def graphs_and_plans(draw: st.DrawFn) -> tuple[PeakGraph, list[int], list[int]]:
     values = st.sets(st.integers(0, n - 1), max_size=n)
     graph = PeakGraph(
         names=tuple(f"v{i}" for i in range(n)),
-        bytes=tuple(draw(st.lists(st.integers(0, 50), min_size=n, max_size=n))),
+        # a few common sizes, so that freed buffers are taken over by later ones of their size
+        bytes=tuple(draw(st.lists(st.one_of(st.integers(0, 50), st.sampled_from([8, 16])), min_size=n, max_size=n))),
         kinds=tuple(kinds),
         inputs=tuple(inputs),
         backward=tuple(backward),
@@ -436,6 +502,8 @@ def graphs_and_plans(draw: st.DrawFn) -> tuple[PeakGraph, list[int], list[int]]:
         gradients=frozenset(draw(values)),
         tangents=tangents,
         scratch=tuple(draw(st.lists(st.integers(0, 30), min_size=n, max_size=n))) if draw(st.booleans()) else (),
+        out_buffers=frozenset(draw(values)),
+        concats=frozenset(draw(values)),
     )
     return graph, sorted(draw(values)), sorted(draw(values))
 

@@ -40,12 +40,27 @@ and count nothing.
 kernel of its first consumer (its inputs stay alive until then), and
 reductions that read a common buffer (their largest reads) share one kernel,
 placed where the last of them is: in a recomputed stack, the norms' weight
-gradients of the layers that read one realised residual.  At each value the
+gradients of the layers that read one realised residual.  Pointwise values
+that library calls read and that read a common buffer also share one kernel,
+at the last of them, and what reads the earlier ones waits for it: in a
+recomputed MLP's backward the activation the down projection's weight
+gradient reads is written with the gradients of the gate and up
+projections, so their inputs and all three outputs are alive at once.
+At each value the
 running total is taken after its output is allocated and before its dead
 inputs are freed, since a kernel holds both; but one of Inductor's own
 kernels (not a library call) writes its output in place of an input of the
 same size whose last reader it is, and a library call's measured working
-memory (``PeakGraph.scratch``) is alive while it runs.  The answer
+memory (``PeakGraph.scratch``) is alive while it runs.  A buffer whose
+last reader has run is not freed if a later buffer of its size that Inductor
+allocates itself (a kernel's output, or a library call it gives an ``out=``
+buffer, ``PeakGraph.out_buffers``) can take its storage: Inductor's wrapper
+keeps it until then (``allow_buffer_reuse``), so in a recomputed stack the
+MLP's buffers of one layer stay alive through the next layer's attention,
+until its MLP reuses them.  A concatenation (on the CPU Inductor's
+``ConcatKernel``) has a buffer of its own, and its pointwise inputs are
+computed into it (``PeakGraph.concat_inputs``): the buffer is alive from
+the first of them on, and no kernel writes in place of it.  The answer
 names the phase and value where the peak happens and the largest buffers
 alive there.  Pure data in, data out: no ``torch.fx`` here (the graph is read
 by :mod:`ckpt.partitioner.peak_analysis`).
@@ -111,6 +126,9 @@ class PeakGraph:
     tangents: frozenset[int]
     problem_index: tuple[int, ...] = ()  # the planner's value i is value problem_index[i] here
     scratch: tuple[int, ...] = ()
+    out_buffers: frozenset[int] = frozenset()  # library calls that write into a buffer Inductor allocates (mm)
+    concat_inputs: tuple[tuple[int, int], ...] = ()  # (input, cat): a pointwise input written into the cat's buffer
+    concats: frozenset[int] = frozenset()  # ConcatKernel outputs: no kernel writes in place of them
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -122,6 +140,9 @@ class PeakGraph:
         for i, preds in enumerate(self.inputs):
             if any(not 0 <= p < i for p in preds):
                 raise ValueError(f"PeakGraph.inputs[{i}] ({self.names[i]}) must list earlier values, got {preds}")
+        for source, cat in self.concat_inputs:
+            if not 0 <= cat < n or source not in self.inputs[cat]:
+                raise ValueError(f"PeakGraph.concat_inputs has ({source}, {cat}): {source} must be an input of {cat}")
 
     def __len__(self) -> int:
         return len(self.names)
@@ -178,6 +199,11 @@ class _Simulator:
         # cycle, which only the cyclic garbage collector frees.
         self.names, self.nbytes = graph.names, graph.bytes
         self.scratch = {i: b for i, b in enumerate(graph.scratch) if b > 0}  # library calls' own working memory
+        # What Inductor allocates itself, and so may hand a freed buffer of its size.
+        self.takes = [
+            kind in (Materialise.FUSIBLE, Materialise.REDUCTION, Materialise.RANDOM) or i in graph.out_buffers
+            for i, kind in enumerate(graph.kinds)
+        ]
         self.index = GraphIndex(
             graph.inputs,
             [_KIND_CODES[kind] for kind in graph.kinds],
@@ -197,6 +223,10 @@ class _Simulator:
         for i in graph.gradients:
             self.gradient_keep[i] = 1
         self.gradient_buffers = [i for i in graph.gradients if not free[i]]
+        self.concats: dict[int, list[int]] = {}  # cat -> the inputs written into its buffer
+        self.fixed = graph.concats  # buffers no kernel writes in place of
+        for source, cat in graph.concat_inputs:
+            self.concats.setdefault(cat, []).append(source)
         self._memo: dict[tuple[frozenset[int], frozenset[int]], PeakPrediction] = {}
         self._peaks: dict[tuple[bool, frozenset[int], frozenset[int]], int] = {}  # phases simulated alone
 
@@ -235,7 +265,21 @@ class _Simulator:
             if not free[i]:
                 buffers[i] = 1
         index.add_shared_values(forward, buffers)
-        return _run(self.names, self.nbytes, index, forward, buffers, self.nothing, (), keep, named, self.scratch)
+        return _run(
+            self.names,
+            self.nbytes,
+            index,
+            forward,
+            buffers,
+            self.nothing,
+            (),
+            keep,
+            named,
+            self.scratch,
+            self.takes,
+            self.concats,
+            self.fixed,
+        )
 
     def _backward(self, saved: frozenset[int], recomputed: frozenset[int], named: bool) -> _Phase:
         index, free = self.index, self.free
@@ -250,7 +294,19 @@ class _Simulator:
             buffers[i] = 1
         index.add_shared_values(backward, buffers)
         return _run(
-            self.names, self.nbytes, index, backward, buffers, available, start, self.gradient_keep, named, self.scratch
+            self.names,
+            self.nbytes,
+            index,
+            backward,
+            buffers,
+            available,
+            start,
+            self.gradient_keep,
+            named,
+            self.scratch,
+            self.takes,
+            self.concats,
+            self.fixed,
         )
 
     def _simulate(self, saved: frozenset[int], recomputed: frozenset[int]) -> PeakPrediction:
@@ -282,9 +338,10 @@ def _last_uses(index: GraphIndex, phase: PhaseOrder, buffers: bytearray, availab
     inputs, readers = index.allocating_inputs, index.readers
     reach = [0] * len(order)  # the last position that reads through order[k] (k itself if a buffer)
     last_use = [-1] * len(buffers)
+    kernel_end = phase.kernel_end
     for k in range(len(order) - 1, -1, -1):
         value = order[k]
-        last = k
+        last = kernel_end.get(k, k)  # a kernel of several values reads its inputs until its last
         if not (buffers[value] or available[value]):
             for r in readers[value]:
                 at = position[r]
@@ -333,38 +390,145 @@ def _lifetimes(
     return spans
 
 
+def _write_into_concats(spans: list[tuple[int, int, int]], order: Sequence[int], concats: dict[int, list[int]]) -> None:
+    """Let the pointwise inputs of a concatenation be written straight into its buffer.
+
+    Inductor allocates a ``cat``'s output on the CPU and computes each of its
+    pointwise inputs into its slice of it (``ConcatKernel``, whose inputs get a
+    ``NonOwningLayout``): the input has no buffer of its own, and the cat's
+    whole buffer is alive from the first such input's kernel until the last
+    read of the cat or of any of them.  In a U-Net the encoder's feature that
+    a skip connection concatenates is written into the decoder's buffer, so
+    that buffer is alive from the encoder on.  Only inputs the phase computes
+    and allocates count; the cat must allocate in the phase too.
+    """
+    where = {b: at for at, (first, _, b) in enumerate(spans) if order[first] == b}
+    dropped: set[int] = set()  # (a value written into two cats has its own buffer in the second)
+    for cat, sources in concats.items():
+        at = where.get(cat)
+        if at is None:
+            continue
+        first, last, _ = spans[at]
+        for source in sources:
+            k = where.get(source)
+            if k is None or k in dropped:
+                continue
+            source_first, source_last, _ = spans[k]
+            first, last = min(first, source_first), max(last, source_last)
+            dropped.add(k)
+        spans[at] = (first, last, cat)
+    if dropped:
+        spans[:] = [span for k, span in enumerate(spans) if k not in dropped]
+
+
 def _reuse_in_place(
     spans: list[tuple[int, int, int]],
-    order: Sequence[int],
+    phase: PhaseOrder,
     kinds: Sequence[int],
     nbytes: Sequence[int],
     keep: bytearray,
-) -> None:
+    fixed: frozenset[int] = frozenset(),
+) -> tuple[set[int], set[int]]:
     """Let each kernel of Inductor's write its output into an input of the same size that dies there.
 
     Inductor's own kernels (pointwise values, reductions, random draws; not
     library calls) store their output in place of an input buffer whose last
     reader they are, when the sizes match: the input's bytes pass to the
     output, so its span ends just before.  Among several such inputs the one
-    with the lowest value index is taken; each input serves one output.
+    with the lowest value index is taken; each input serves one output.  In a
+    kernel that joins siblings (``phase.joined``), whose inputs die at its
+    end, a value takes only an input that no other value of the kernel reads.
+    A concatenation's buffer (``fixed``) is never taken: Inductor does not
+    write in place of a ``ConcatKernel``'s output.
+    Returns the positions whose output took an input's bytes, and the spans
+    (by index) that gave them.
     """
+    order, joined = phase.order, phase.joined
     outputs: dict[int, int] = {}  # position -> the kernel output allocated there
+    members: dict[int, list[int]] = {}  # a joined kernel's end -> the positions of its outputs
     for first, _, b in spans:
         if order[first] == b and nbytes[b] and kinds[b] != BUFFER and kinds[b] != FREE:
-            outputs[first] = b
-    if not outputs:
-        return
+            if b in joined:
+                members.setdefault(phase.kernel_end[first], []).append(first)
+            else:
+                outputs[first] = b
+    if not outputs and not members:
+        return set(), set()
     donors: dict[int, int] = {}  # position -> the span of the input its output takes over
     for at, (first, last, b) in enumerate(spans):
-        output = outputs.get(last)
-        if output is None or first >= last or keep[b] or nbytes[b] != nbytes[output]:
+        if keep[b] or b in fixed:
             continue
-        known = donors.get(last)
-        if known is None or b < spans[known][2]:
-            donors[last] = at
-    for last, at in donors.items():
+        output = outputs.get(last)
+        if output is not None and first < last and nbytes[b] == nbytes[output]:
+            known = donors.get(last)
+            if known is None or b < spans[known][2]:
+                donors[last] = at
+        for k in members.get(last, ()):
+            if first < k and nbytes[b] == nbytes[order[k]] and b in phase.sole_inputs[order[k]]:
+                known = donors.get(k)
+                if known is None or b < spans[known][2]:
+                    donors[k] = at
+    used: set[int] = set()
+    for k in sorted(donors):  # an input read by one value of a kernel serves that value alone
+        at = donors[k]
+        if at in used:
+            del donors[k]
+            continue
+        used.add(at)
         first, _, donor = spans[at]
-        spans[at] = (first, last - 1, donor)
+        spans[at] = (first, k - 1, donor)
+    return set(donors), used
+
+
+def _reuse_freed(
+    spans: list[tuple[int, int, int]],
+    order: Sequence[int],
+    nbytes: Sequence[int],
+    takes: Sequence[bool],
+    keep: bytearray,
+    start: set[int],
+    in_place: tuple[set[int], set[int]],
+) -> None:
+    """Hold each freed buffer that a later allocation of its size takes over, until that allocation.
+
+    Inductor's wrapper does not free a buffer whose last reader has run if
+    a later buffer of the same size can take its storage: it keeps the
+    buffer in a pool and hands it over then (``allow_buffer_reuse``), the
+    most recently freed first.  Buffers the phase's kernels allocate and
+    free go to the pool (not its inputs, not what it keeps); what Inductor
+    allocates itself takes from it (its kernels' outputs and the library
+    calls it passes an ``out=`` buffer, ``takes``).  A held buffer's span
+    runs on to the position before its taker's.
+    """
+    taken_in_place, gave_in_place = in_place
+    alloc_at: dict[int, int] = {}  # position -> span of the buffer allocated there
+    freed_at: dict[int, list[int]] = {}  # position -> spans whose buffer is freed after it
+    end = len(order) - 1
+    for s, (first, last, b) in enumerate(spans):
+        if b in start or not nbytes[b] or order[first] != b:
+            continue
+        alloc_at[first] = s
+        if not keep[b] and s not in gave_in_place and last < end:
+            freed_at.setdefault(last, []).append(s)
+    if not freed_at:
+        return
+    pool: dict[int, list[int]] = {}  # bytes -> spans freed, most recent last
+    for k in sorted(alloc_at.keys() | freed_at.keys()):  # at each position: allocate, then free
+        taker = alloc_at.get(k)
+        if taker is not None and pool and k not in taken_in_place:
+            b = spans[taker][2]
+            if takes[b]:
+                held = pool.get(nbytes[b])
+                if held:
+                    d = held.pop()
+                    first, _, donor = spans[d]
+                    spans[d] = (first, k - 1, donor)
+        freed = freed_at.get(k)
+        if freed is not None:
+            if len(freed) > 1:
+                freed.sort(key=lambda d: spans[d][2])
+            for d in freed:
+                pool.setdefault(nbytes[spans[d][2]], []).append(d)
 
 
 def _run(
@@ -378,6 +542,9 @@ def _run(
     keep: bytearray,
     named: bool = True,
     scratch: dict[int, int] | None = None,
+    takes: Sequence[bool] = (),
+    concats: dict[int, list[int]] | None = None,
+    fixed: frozenset[int] = frozenset(),
 ) -> _Phase:
     """The phase's peak, and if ``named`` where it happens and what is alive there.
 
@@ -389,7 +556,11 @@ def _run(
     if not order:  # an empty phase: what it starts with
         return _Phase(sum(nbytes[b] for b in set(start)), "", ())
     spans = _lifetimes(phase, buffers, start, keep, _last_uses(index, phase, buffers, available))
-    _reuse_in_place(spans, order, index.kinds, nbytes, keep)
+    if concats:
+        _write_into_concats(spans, order, concats)
+    in_place = _reuse_in_place(spans, phase, index.kinds, nbytes, keep, fixed)
+    if takes:
+        _reuse_freed(spans, order, nbytes, takes, keep, set(start), in_place)
     change = [0] * (len(order) + 1)
     for first, last, b in spans:
         change[first] += nbytes[b]

@@ -22,6 +22,14 @@ on the result without touching ``torch.fx``.
 * **addmm.**  Inductor rewrites ``add(mm(a, b), c)`` into one ``addmm``
   (:func:`_addmm_pairs`): the sum allocates as a library call's output and
   the product allocates nothing.
+* **Concatenations.**  On the CPU Inductor lowers ``cat`` and ``stack`` to
+  a ``ConcatKernel``: a buffer whatever reads it, into which its pointwise
+  inputs are computed (:func:`_concat_inputs`, ``PeakGraph.concat_inputs``).
+* **out= calls.**  Inductor allocates the output of ``mm``, ``addmm``,
+  ``bmm`` and ``baddbmm`` itself and passes it as ``out=``
+  (``PeakGraph.out_buffers``), so such a call can take over a freed buffer
+  of its size, as Inductor's own kernels do; other library calls allocate
+  their outputs themselves.
 * **Scratch.**  A library call's working memory beyond its outputs, where it
   was measured on the device (``JointAnalysis.scratch_bytes``), is alive
   while the call runs.
@@ -43,6 +51,21 @@ from ckpt.partitioner.peak import Materialise, PeakGraph, PeakPrediction, predic
 __all__ = ["build_peak_graph", "describe", "predict_plan"]
 
 
+# Library calls Inductor runs with an ``out=`` buffer it allocates itself (``ExternKernelOut``).
+_OUT_CALLS = frozenset(
+    {
+        torch.ops.aten.mm.default,
+        torch.ops.aten.addmm.default,
+        torch.ops.aten.bmm.default,
+        torch.ops.aten.baddbmm.default,
+    }
+)
+
+
+# Concatenations, which Inductor lowers on the CPU to a ConcatKernel with a buffer of its own.
+_CONCATS = frozenset({torch.ops.aten.cat.default, torch.ops.aten.stack.default})
+
+
 def _is_reduction(node: fx.Node) -> bool:
     return compat.is_reduction_op(node.target)
 
@@ -61,6 +84,8 @@ def _kind(node: fx.Node, analysis: JointAnalysis, backward: bool) -> Materialise
     if not isinstance(value, torch.Tensor):
         return Materialise.FREE
     estimate = analysis.estimates.get(node.name)
+    if node.target in _CONCATS and value.device.type == "cpu":
+        return Materialise.BUFFER  # a ConcatKernel: its own buffer, whoever reads it (see _concat_inputs)
     if compat.is_inductor_random(node.target):
         return Materialise.RANDOM
     if estimate is not None and estimate.kind is OpKind.RANDOM:
@@ -99,6 +124,36 @@ def _addmm_pairs(nodes: list[fx.Node]) -> dict[str, str]:
             pairs[node.name] = product.name
             break
     return pairs
+
+
+def _concat_inputs(
+    nodes: list[fx.Node], index: dict[str, int], kinds: list[Materialise], roots: dict[str, str]
+) -> tuple[tuple[int, int], ...]:
+    """The pointwise inputs that Inductor computes straight into a ``cat``'s buffer, as (input, cat) pairs.
+
+    On the CPU Inductor lowers every ``cat`` (and ``stack``) to a
+    ``ConcatKernel``, whose output is a buffer whatever reads it: an input
+    that is a pointwise value of its own (not a view, not a graph input, not a
+    library call's output, which are copied) is written into its slice of the
+    cat's buffer.  On a GPU a small cat may be a pointwise kernel instead, so
+    only CPU graphs are paired.
+    """
+    pairs: list[tuple[int, int]] = []
+    for node in nodes:
+        if node.op != "call_function" or node.target not in _CONCATS:
+            continue
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor) or value.device.type != "cpu" or not node.args:
+            continue
+        tensors = node.args[0]
+        if not isinstance(tensors, (list, tuple)):
+            continue
+        for source in dict.fromkeys(tensors):
+            if not isinstance(source, fx.Node) or source.op != "call_function" or source.name in roots:
+                continue
+            if kinds[index[source.name]] is Materialise.FUSIBLE and tensors.count(source) == 1:
+                pairs.append((index[source.name], index[node.name]))
+    return tuple(pairs)
 
 
 def _broadcasts(shape: tuple[Any, ...], to: tuple[Any, ...]) -> bool:
@@ -147,9 +202,17 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         stack.extend(inputs[i])
     kinds = [_kind(n, analysis, backward[i]) for i, n in enumerate(nodes)]
     nbytes = [_nbytes(n, sizes) for n in nodes]
+    out_buffers = {
+        i
+        for i, n in enumerate(nodes)
+        if n.op == "call_function"
+        and (n.target in _OUT_CALLS or kinds[i] is Materialise.BUFFER and n.target in _CONCATS)
+    }
+    concat_inputs = _concat_inputs(nodes, index, kinds, roots)
     for add_name, mm_name in _addmm_pairs(nodes).items():
         kinds[index[add_name]] = Materialise.BUFFER  # addmm: a library call's output
         nbytes[index[mm_name]] = 0  # its product is written into the sum's buffer
+        out_buffers.add(index[add_name])
     return PeakGraph(
         names=tuple(n.name for n in nodes),
         bytes=tuple(nbytes),
@@ -162,6 +225,13 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         tangents=frozenset(i for i, n in enumerate(nodes) if n.op == "placeholder" and backward[i]),
         problem_index=tuple(index[name] for name in analysis.problem.names),
         scratch=tuple(analysis.scratch_bytes.get(n.name, 0) for n in nodes) if analysis.scratch_bytes else (),
+        out_buffers=frozenset(out_buffers),
+        concat_inputs=concat_inputs,
+        concats=frozenset(
+            i
+            for i, n in enumerate(nodes)
+            if kinds[i] is Materialise.BUFFER and n.op == "call_function" and n.target in _CONCATS
+        ),
     )
 
 

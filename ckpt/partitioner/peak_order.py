@@ -18,6 +18,8 @@ those values.
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -56,6 +58,10 @@ class PhaseOrder:
     position: list[int]
     buffers: bytearray
     shared: tuple[int, ...]
+    joined: frozenset[int] = frozenset()  # pointwise values run in one kernel with their siblings
+    kernel_end: dict[int, int] = dataclasses.field(default_factory=dict)  # such a value's position -> its kernel's last
+    # Each such value -> the inputs that no other value of its kernel reads (it may write in place of one).
+    sole_inputs: dict[int, frozenset[int]] = dataclasses.field(default_factory=dict)
 
 
 class GraphIndex:
@@ -82,6 +88,14 @@ class GraphIndex:
         # Inputs by kind, for the passes that only follow pointwise values.
         self.inlined_inputs = [tuple(p for p in preds if self.inlined[p]) for preds in inputs]
         self.is_fusible = bytearray(k == FUSIBLE for k in kinds)
+        # For each pointwise value, the library calls that read it (siblings are looked for among these).
+        library_readers: list[tuple[int, ...]] = [() for _ in range(n)]
+        for i, preds in enumerate(inputs):
+            if kinds[i] == BUFFER:
+                for p in preds:
+                    if kinds[p] == FUSIBLE:
+                        library_readers[p] += (i,)
+        self.library_readers = library_readers
         self.reads_buffers = bytearray(k == FUSIBLE or k == REDUCTION for k in kinds)  # Inductor's own kernels
         # What a pointwise value or a reduction reads: buffers and parameters always, a pointwise or
         # random input through its own reads when it is inlined (in the phase and not realised).
@@ -218,9 +232,27 @@ class GraphIndex:
             position = self._positions(joined)
         fused = self._fuse_into_consumers(joined, position)
         position = self._positions(fused)
+        together, groups = self._join_sibling_pointwise(fused, position, realised, reads)
+        kernel_end: dict[int, int] = {}
+        sole_inputs: dict[int, frozenset[int]] = {}
+        if together is not fused:
+            fused = together
+            position = self._positions(fused)
+            ends: dict[int, int] = {}
+            readers_in: dict[tuple[int, int], int] = {}  # (kernel, input) -> how many of its values read it
+            kernel_reads = {v: self._kernel_reads(v, groups, position, realised) for v in groups}
+            for v, group in groups.items():
+                ends[group] = max(ends.get(group, -1), position[v])
+                for b in kernel_reads[v]:
+                    readers_in[group, b] = readers_in.get((group, b), 0) + 1
+            kernel_end = {position[v]: ends[group] for v, group in groups.items()}
+            sole_inputs = {
+                v: frozenset(b for b in kernel_reads[v] if readers_in[group, b] == 1) for v, group in groups.items()
+            }
         kinds = self.kinds
         shared = tuple(v for v in fused if kinds[v] == RANDOM or realised[v])
-        return PhaseOrder(tuple(fused), position, self._materialised(fused, position), shared)
+        materialised = self._materialised(fused, position)
+        return PhaseOrder(tuple(fused), position, materialised, shared, frozenset(groups), kernel_end, sole_inputs)
 
     def _positions(self, order: Sequence[int]) -> list[int]:
         position = [-1] * self.n
@@ -313,6 +345,109 @@ class GraphIndex:
             done = target
         result.extend(itertools.compress(order[done:], stays[done:]))
         return result
+
+    def _join_sibling_pointwise(
+        self, order: list[int], position: list[int], realised: bytearray, reads: dict[int, set[int]]
+    ) -> tuple[list[int], dict[int, int]]:
+        """Run each pointwise value that a library call reads with its last sibling, and delay its readers.
+
+        Inductor fuses pointwise kernels that read a common buffer, even where
+        a library call reads the earlier one before the later one's inputs
+        exist: the fused kernel runs at the later one's place, and what reads
+        the earlier one waits for it.  (Run on the fused order, where each
+        pointwise value sits just before its first reader: the moved values
+        follow their last sibling there, and the values that wait for them
+        follow those.)  In a recomputed MLP's backward the
+        activation that the down projection's weight gradient reads is
+        computed with the gradients of the gate and up projections, so the
+        gate, the up projection, the incoming gradient and all three outputs
+        are alive at once.  A value's siblings are those that read one of its
+        largest buffers (``_sources``) and that a library call reads too;
+        the values that depend on a moved one, up to its new place, move after
+        it in their order.  The kernel's inputs live until its last output is
+        written, and an output is written in place of an input only if no
+        other value of the kernel reads that input; the
+        values of such kernels come back with the position their kernel is
+        named by (its first value's).
+        ``position`` is ``order``'s; ``order`` itself comes back if nothing moves.
+        """
+        inputs, library_readers = self.inputs, self.library_readers
+        candidates = [
+            k
+            for k, v in enumerate(order)
+            if library_readers[v] and not realised[v] and any(position[r] >= 0 for r in library_readers[v])
+        ]
+        if len(candidates) < 2:
+            return order, {}
+        sources = {k: self._sources(reads[order[k]]) for k in candidates}
+        last: dict[int, int] = {}  # source -> position of the last candidate that reads it
+        for k in candidates:
+            for b in sources[k]:
+                last[b] = k
+        targets: dict[int, int] = {}  # value -> the position it moves to
+        for k in candidates:
+            t = max([last[b] for b in sources[k]], default=k)
+            if t > k:
+                targets[order[k]] = t
+        if not targets:
+            return order, {}
+        groups = {v: t for v, t in targets.items()}
+        groups.update((order[t], t) for t in targets.values())
+        # Only what depends on a moved value can wait: walk its readers in order, up to where it goes.
+        readers = self.readers
+        anchor: dict[int, tuple[int, int]] = {}  # moved and waiting values -> (position they follow, tier)
+        pending = [(k, order[k]) for k in sorted(position[v] for v in targets)]
+        heapq.heapify(pending)
+        seen: set[int] = set()
+        while pending:
+            k, v = heapq.heappop(pending)
+            if v in seen:
+                continue
+            seen.add(v)
+            a = -1
+            for p in inputs[v]:
+                known = anchor.get(p)
+                if known is not None and known[0] > a:
+                    a = known[0]
+            t = targets.get(v, -1)
+            if t >= a and t > k:
+                anchor[v] = (t, 1)
+            elif a >= k:  # (a sibling that depends on a moved value follows it)
+                anchor[v] = (a, 2)
+            else:
+                continue
+            until = anchor[v][0]
+            for r in readers[v]:
+                where = position[r]
+                if k < where <= until and r not in seen:
+                    heapq.heappush(pending, (where, r))
+        follows: dict[int, list[tuple[int, int, int]]] = {}
+        for v, (after_position, tier) in anchor.items():
+            follows.setdefault(after_position, []).append((tier, position[v], v))
+        result: list[int] = []
+        for k, v in enumerate(order):
+            if v not in anchor:
+                result.append(v)
+            after = follows.get(k)
+            if after is not None:
+                after.sort()
+                result.extend(v for _, _, v in after)
+        return result, groups
+
+    def _kernel_reads(self, v: int, joined: dict[int, int], position: list[int], realised: bytearray) -> set[int]:
+        """What ``v`` reads in a joined kernel: as ``_reads``, but a joined value is read as itself.
+
+        A joined value is written by its kernel, so a sibling that reads it
+        reads that buffer (the element it has just written), not what it is
+        computed from: ReLU's gradient reads ReLU's output, not its input.
+        """
+        found: set[int] = set()
+        for p, code in self._reads_of[v]:
+            if p in joined or code == _READ_ALWAYS or position[p] < 0 or realised[p]:
+                found.add(p)
+            elif code == _READ_INLINED:
+                found |= self._kernel_reads(p, joined, position, realised)
+        return found
 
     def _fuse_into_consumers(self, order: list[int], position: list[int]) -> list[int]:
         """``order`` with each pointwise value moved to just before its first consumer in the phase.
