@@ -7,7 +7,7 @@ the specification the tests hold it to, value for value.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ckpt.partitioner.peak import Materialise, PeakGraph, PeakPrediction
@@ -95,6 +95,25 @@ def _heavy(graph: PeakGraph, i: int, members: set[int]) -> bool:
     return False
 
 
+def _inputs_read(
+    graph: PeakGraph, i: int, inlined: Callable[[int], bool], reads_of: Callable[[int], set[int]]
+) -> set[int]:
+    """The buffers ``i``'s kernel reads: inputs that allocate (parameters with bytes too) as themselves,
+    a pointwise input that is ``inlined`` through what it reads (``reads_of``), an inlined random draw as nothing.
+    """
+    found: set[int] = set()
+    for p in graph.inputs[i]:
+        kind = graph.kinds[p]
+        if kind is Materialise.FREE:
+            if graph.bytes[p] > 0:
+                found.add(p)
+        elif kind not in _INLINED or not inlined(p):
+            found.add(p)
+        elif kind is Materialise.FUSIBLE:
+            found |= reads_of(p)
+    return found
+
+
 def _reads(graph: PeakGraph, order: Sequence[int]) -> tuple[set[int], dict[int, set[int]]]:
     """Pointwise values realised for several readers, and the buffers each pointwise value or reduction reads.
 
@@ -111,16 +130,7 @@ def _reads(graph: PeakGraph, order: Sequence[int]) -> tuple[set[int], dict[int, 
         kind = graph.kinds[i]
         if kind is not Materialise.FUSIBLE and kind is not Materialise.REDUCTION:
             continue
-        found: set[int] = set()
-        for p in graph.inputs[i]:
-            input_kind = graph.kinds[p]
-            if input_kind is Materialise.FREE:
-                if graph.bytes[p] > 0:
-                    found.add(p)
-            elif p not in members or p in realised or input_kind not in _INLINED:
-                found.add(p)
-            elif input_kind is Materialise.FUSIBLE:
-                found |= reads[p]
+        found = _inputs_read(graph, i, lambda p: p in members and p not in realised, reads.__getitem__)
         users = sum(1 for r in order if i in graph.inputs[r])
         if kind is Materialise.FUSIBLE and len(found) > _REALIZE_READS and users > 1:
             realised.add(i)
@@ -290,18 +300,11 @@ def _join_sibling_pointwise(
     kernels = {v: t for v, t in target.items()}
     kernels.update({order[t]: t for t in target.values()})
 
-    def kernel_reads(v: int) -> set[int]:  # a joined value is read as itself, as its kernel writes it
-        found: set[int] = set()
-        for p in graph.inputs[v]:
-            kind = graph.kinds[p]
-            if kind is Materialise.FREE:
-                if graph.bytes[p] > 0:
-                    found.add(p)
-            elif p in kernels or p not in members or p in realised or kind not in _INLINED:
-                found.add(p)
-            elif kind is Materialise.FUSIBLE:
-                found |= kernel_reads(p)
-        return found
+    def inlined(p: int) -> bool:  # a joined value is read as itself, as its kernel writes it
+        return p in members and p not in realised and p not in kernels
+
+    def kernel_reads(v: int) -> set[int]:
+        return _inputs_read(graph, v, inlined, kernel_reads)
 
     own = {v: kernel_reads(v) for v in kernels}
     sole = {

@@ -265,21 +265,7 @@ class _Simulator:
             if not free[i]:
                 buffers[i] = 1
         index.add_shared_values(forward, buffers)
-        return _run(
-            self.names,
-            self.nbytes,
-            index,
-            forward,
-            buffers,
-            self.nothing,
-            (),
-            keep,
-            named,
-            self.scratch,
-            self.takes,
-            self.concats,
-            self.fixed,
-        )
+        return _run(self, forward, buffers, self.nothing, (), keep, named)
 
     def _backward(self, saved: frozenset[int], recomputed: frozenset[int], named: bool) -> _Phase:
         index, free = self.index, self.free
@@ -293,21 +279,7 @@ class _Simulator:
         for i in self.gradient_buffers:
             buffers[i] = 1
         index.add_shared_values(backward, buffers)
-        return _run(
-            self.names,
-            self.nbytes,
-            index,
-            backward,
-            buffers,
-            available,
-            start,
-            self.gradient_keep,
-            named,
-            self.scratch,
-            self.takes,
-            self.concats,
-            self.fixed,
-        )
+        return _run(self, backward, buffers, available, start, self.gradient_keep, named)
 
     def _simulate(self, saved: frozenset[int], recomputed: frozenset[int]) -> PeakPrediction:
         f_phase = self._forward(saved, True)
@@ -436,14 +408,14 @@ def _reuse_in_place(
     reader they are, when the sizes match: the input's bytes pass to the
     output, so its span ends just before.  Among several such inputs the one
     with the lowest value index is taken; each input serves one output.  In a
-    kernel that joins siblings (``phase.joined``), whose inputs die at its
+    kernel that joins siblings (``phase.sole_inputs``), whose inputs die at its
     end, a value takes only an input that no other value of the kernel reads.
     A concatenation's buffer (``fixed``) is never taken: Inductor does not
     write in place of a ``ConcatKernel``'s output.
     Returns the positions whose output took an input's bytes, and the spans
     (by index) that gave them.
     """
-    order, joined = phase.order, phase.joined
+    order, joined = phase.order, phase.sole_inputs
     outputs: dict[int, int] = {}  # position -> the kernel output allocated there
     members: dict[int, list[int]] = {}  # a joined kernel's end -> the positions of its outputs
     for first, _, b in spans:
@@ -468,16 +440,10 @@ def _reuse_in_place(
                 known = donors.get(k)
                 if known is None or b < spans[known][2]:
                     donors[k] = at
-    used: set[int] = set()
-    for k in sorted(donors):  # an input read by one value of a kernel serves that value alone
-        at = donors[k]
-        if at in used:
-            del donors[k]
-            continue
-        used.add(at)
+    for k, at in donors.items():
         first, _, donor = spans[at]
         spans[at] = (first, k - 1, donor)
-    return set(donors), used
+    return set(donors), set(donors.values())
 
 
 def _reuse_freed(
@@ -532,41 +498,36 @@ def _reuse_freed(
 
 
 def _run(
-    names: tuple[str, ...],
-    nbytes: tuple[int, ...],
-    index: GraphIndex,
+    sim: _Simulator,
     phase: PhaseOrder,
     buffers: bytearray,
     available: bytearray,
     start: Iterable[int],
     keep: bytearray,
     named: bool = True,
-    scratch: dict[int, int] | None = None,
-    takes: Sequence[bool] = (),
-    concats: dict[int, list[int]] | None = None,
-    fixed: frozenset[int] = frozenset(),
 ) -> _Phase:
     """The phase's peak, and if ``named`` where it happens and what is alive there.
 
     The running total after each position's allocation is a prefix sum over
     the buffers' lifetimes, plus at each library call the ``scratch`` it
-    allocates while it runs; the peak is its first maximum.
+    allocates while it runs; the peak is its first maximum.  ``sim`` holds
+    the graph's tables.
     """
+    names, nbytes, index, scratch = sim.names, sim.nbytes, sim.index, sim.scratch
     order = phase.order
     if not order:  # an empty phase: what it starts with
         return _Phase(sum(nbytes[b] for b in set(start)), "", ())
     spans = _lifetimes(phase, buffers, start, keep, _last_uses(index, phase, buffers, available))
-    if concats:
-        _write_into_concats(spans, order, concats)
-    in_place = _reuse_in_place(spans, phase, index.kinds, nbytes, keep, fixed)
-    if takes:
-        _reuse_freed(spans, order, nbytes, takes, keep, set(start), in_place)
+    if sim.concats:
+        _write_into_concats(spans, order, sim.concats)
+    in_place = _reuse_in_place(spans, phase, index.kinds, nbytes, keep, sim.fixed)
+    _reuse_freed(spans, order, nbytes, sim.takes, keep, set(start), in_place)
     change = [0] * (len(order) + 1)
     for first, last, b in spans:
         change[first] += nbytes[b]
         change[last + 1] -= nbytes[b]
     position = phase.position
-    for value, extra in (scratch or {}).items():
+    for value, extra in scratch.items():
         k = position[value]
         if k >= 0:
             change[k] += extra
@@ -578,7 +539,7 @@ def _run(
     at = totals.index(peak)
     there = {b for first, last, b in spans if first <= at <= last}
     items = [(-nbytes[b], b, names[b]) for b in there]
-    extra = (scratch or {}).get(order[at], 0)
+    extra = scratch.get(order[at], 0)
     if extra:  # the call's own working memory, named after the call
         items.append((-extra, -1, f"{names[order[at]]} (scratch)"))
     top = tuple((name, -negative) for negative, _, name in sorted(items)[:8])

@@ -127,32 +127,32 @@ def _addmm_pairs(nodes: list[fx.Node]) -> dict[str, str]:
 
 
 def _concat_inputs(
-    nodes: list[fx.Node], index: dict[str, int], kinds: list[Materialise], roots: dict[str, str]
+    nodes: list[fx.Node],
+    index: dict[str, int],
+    kinds: list[Materialise],
+    roots: dict[str, str],
+    concats: frozenset[int],
 ) -> tuple[tuple[int, int], ...]:
     """The pointwise inputs that Inductor computes straight into a ``cat``'s buffer, as (input, cat) pairs.
 
     On the CPU Inductor lowers every ``cat`` (and ``stack``) to a
-    ``ConcatKernel``, whose output is a buffer whatever reads it: an input
-    that is a pointwise value of its own (not a view, not a graph input, not a
+    ``ConcatKernel`` (``concats``, the values of ``nodes`` that ``_kind``
+    makes buffers), whose output is a buffer whatever reads it: an input that
+    is a pointwise value of its own (not a view, not a graph input, not a
     library call's output, which are copied) is written into its slice of the
     cat's buffer.  On a GPU a small cat may be a pointwise kernel instead, so
-    only CPU graphs are paired.
+    only CPU graphs have such buffers.
     """
     pairs: list[tuple[int, int]] = []
-    for node in nodes:
-        if node.op != "call_function" or node.target not in _CONCATS:
-            continue
-        value = node.meta.get("val")
-        if not isinstance(value, torch.Tensor) or value.device.type != "cpu" or not node.args:
-            continue
-        tensors = node.args[0]
+    for cat in sorted(concats):
+        tensors = nodes[cat].args[0] if nodes[cat].args else ()
         if not isinstance(tensors, (list, tuple)):
             continue
         for source in dict.fromkeys(tensors):
             if not isinstance(source, fx.Node) or source.op != "call_function" or source.name in roots:
                 continue
             if kinds[index[source.name]] is Materialise.FUSIBLE and tensors.count(source) == 1:
-                pairs.append((index[source.name], index[node.name]))
+                pairs.append((index[source.name], cat))
     return tuple(pairs)
 
 
@@ -202,13 +202,10 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         stack.extend(inputs[i])
     kinds = [_kind(n, analysis, backward[i]) for i, n in enumerate(nodes)]
     nbytes = [_nbytes(n, sizes) for n in nodes]
-    out_buffers = {
-        i
-        for i, n in enumerate(nodes)
-        if n.op == "call_function"
-        and (n.target in _OUT_CALLS or kinds[i] is Materialise.BUFFER and n.target in _CONCATS)
-    }
-    concat_inputs = _concat_inputs(nodes, index, kinds, roots)
+    # Concatenations the CPU lowers to a buffer of their own (``_kind``), which Inductor allocates.
+    concats = frozenset(i for i, n in enumerate(nodes) if n.target in _CONCATS and kinds[i] is Materialise.BUFFER)
+    out_buffers = {i for i, n in enumerate(nodes) if n.op == "call_function" and n.target in _OUT_CALLS} | concats
+    concat_inputs = _concat_inputs(nodes, index, kinds, roots, concats)
     for add_name, mm_name in _addmm_pairs(nodes).items():
         kinds[index[add_name]] = Materialise.BUFFER  # addmm: a library call's output
         nbytes[index[mm_name]] = 0  # its product is written into the sum's buffer
@@ -227,11 +224,7 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         scratch=tuple(analysis.scratch_bytes.get(n.name, 0) for n in nodes) if analysis.scratch_bytes else (),
         out_buffers=frozenset(out_buffers),
         concat_inputs=concat_inputs,
-        concats=frozenset(
-            i
-            for i, n in enumerate(nodes)
-            if kinds[i] is Materialise.BUFFER and n.op == "call_function" and n.target in _CONCATS
-        ),
+        concats=concats,
     )
 
 

@@ -58,9 +58,9 @@ class PhaseOrder:
     position: list[int]
     buffers: bytearray
     shared: tuple[int, ...]
-    joined: frozenset[int] = frozenset()  # pointwise values run in one kernel with their siblings
-    kernel_end: dict[int, int] = dataclasses.field(default_factory=dict)  # such a value's position -> its kernel's last
-    # Each such value -> the inputs that no other value of its kernel reads (it may write in place of one).
+    # Pointwise values run in one kernel with their siblings: each one's position -> its kernel's last,
+    kernel_end: dict[int, int] = dataclasses.field(default_factory=dict)
+    # and each one -> the inputs that no other value of its kernel reads (it may write in place of one).
     sole_inputs: dict[int, frozenset[int]] = dataclasses.field(default_factory=dict)
 
 
@@ -252,7 +252,7 @@ class GraphIndex:
         kinds = self.kinds
         shared = tuple(v for v in fused if kinds[v] == RANDOM or realised[v])
         materialised = self._materialised(fused, position)
-        return PhaseOrder(tuple(fused), position, materialised, shared, frozenset(groups), kernel_end, sole_inputs)
+        return PhaseOrder(tuple(fused), position, materialised, shared, kernel_end, sole_inputs)
 
     def _positions(self, order: Sequence[int]) -> list[int]:
         position = [-1] * self.n
@@ -366,10 +366,10 @@ class GraphIndex:
         the values that depend on a moved one, up to its new place, move after
         it in their order.  The kernel's inputs live until its last output is
         written, and an output is written in place of an input only if no
-        other value of the kernel reads that input; the
-        values of such kernels come back with the position their kernel is
-        named by (its first value's).
-        ``position`` is ``order``'s; ``order`` itself comes back if nothing moves.
+        other value of the kernel reads that input (see ``phase``).  Returns
+        the order (``order`` itself if nothing moves; ``position`` is its)
+        and each joined value's kernel, named by the position in ``order`` of
+        the sibling the others join.
         """
         inputs, library_readers = self.inputs, self.library_readers
         candidates = [
