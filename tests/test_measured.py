@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -13,7 +14,7 @@ import torch.nn as nn
 
 from ckpt.config import CkptConfig
 from ckpt.cost_model import measured
-from ckpt.cost_model.measured import MeasurementWarning, cached_costs, cached_or_measured, plan_costs
+from ckpt.cost_model.measured import MeasurementWarning, OpCosts, cached_costs, cached_or_measured, plan_costs
 from ckpt.partitioner.analysis import analyze_joint, to_picoseconds
 from tests.joint import TEST_PROFILE, trace_joint
 
@@ -225,6 +226,69 @@ def test_the_time_limit_leaves_the_rest_at_the_roofline(joint, cache, monkeypatc
     costs = measured.measure_calls(calls, seconds=1.0)
     largest = min(calls, key=lambda c: (-c.roofline_seconds, c.signature))
     assert list(costs) == [largest.signature]
+
+
+CPU_PROFILE = dataclasses.replace(TEST_PROFILE, name="cpu")
+
+
+@pytest.fixture
+def slowdowns(monkeypatch):
+    """The busy check's readings, in order (the reference matmul's time over its calibrated time)."""
+    readings: list[float] = []
+    monkeypatch.setattr(measured, "_slowdown", lambda expected: readings.pop(0))
+    monkeypatch.setattr(measured, "_busy_warned", False)
+    return readings
+
+
+def _busy_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, MeasurementWarning) and "busy" in str(w.message)]
+
+
+def test_the_busy_check_runs_on_the_cpu_under_its_own_calibrated_profile_only():
+    expected = 2 * 512**3 / CPU_PROFILE.flops_per_second("fp32")
+    assert measured.canary_seconds(CPU, CPU_PROFILE) == pytest.approx(expected)
+    assert measured.canary_seconds(CPU, TEST_PROFILE) is None  # planning with a GPU's rates
+    assert measured.canary_seconds(torch.device("meta"), CPU_PROFILE) is None
+    assert plan_costs(CPU, CPU_PROFILE)[0].canary == pytest.approx(expected)
+    quiet = measured._slowdown(expected)
+    assert quiet > 0
+
+
+def test_a_busy_cpu_times_nothing_caches_nothing_and_warns_once(joint, cache, timings, slowdowns):
+    calls = list(_calls(joint).values())
+    canary = measured.canary_seconds(CPU, CPU_PROFILE)
+    slowdowns.extend([12.0, 3.0])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cached_or_measured(calls, canary=canary) == {}
+        assert cached_or_measured(calls, canary=canary) == {}
+    assert timings == [] and cached_costs(CPU) == {}
+    messages = _busy_warnings(caught)
+    assert len(messages) == 1 and "12.0x slower than calibrated" in messages[0], messages
+    slowdowns.extend([1.1, 1.2])  # quiet again: the next compile measures and caches
+    costs = cached_or_measured(calls, canary=canary)
+    assert len(timings) == len({c.signature for c in calls}) and cached_costs(CPU) == costs
+
+
+def test_timings_taken_as_the_cpu_became_busy_are_dropped(joint, cache, timings, slowdowns):
+    calls = list(_calls(joint).values())
+    slowdowns.extend([1.1, 2.5])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cached_or_measured(calls, canary=1e-3) == {}
+    assert timings, "the calls were timed before the check after them"
+    assert cached_costs(CPU) == {}
+    assert len(_busy_warnings(caught)) == 1
+
+
+def test_a_busy_cpu_leaves_the_roofline_in_the_plan(joint, cache, timings, slowdowns):
+    slowdowns.append(4.0)
+    costs = OpCosts(CPU, {}, use_fresh=True, canary=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MeasurementWarning)
+        analysis = analyze_joint(joint.graph, joint.num_fwd_outputs, TEST_PROFILE, measure=costs)
+    assert analysis.measured_seconds == {} and analysis.problem == joint.analysis.problem
+    assert not slowdowns and timings == []
 
 
 def test_measuring_is_on_by_default_and_can_be_turned_off():

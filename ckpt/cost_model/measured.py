@@ -35,6 +35,17 @@ each distinct call instead:
   and thread count, or GPU name) and torch version, under a file lock:
   processes that start together (the ranks of one job) share one
   measurement.  A corrupt file is replaced.  Later compiles hit the cache.
+* **Not on a busy CPU.**  A 512 x 512 fp32 matmul is timed before and
+  after the calls, and compared with what the calibrated ``cpu`` profile
+  says it takes.  If it runs more than :data:`BUSY_FACTOR` times slower
+  (other processes hold the cores: Inductor's compile workers, a data
+  loader, another job), the calls' timings would be off by far more than
+  the roofline's error (a 0.2 ms matmul timed at 8 ms beside a busy
+  process, when its threads wait for a core), so nothing is kept or
+  cached: the calls keep their roofline time in this graph, and are
+  measured again by the next compile that needs them.  One warning says
+  so.  The check needs the CPU's own calibrated profile; it is skipped on a
+  GPU (timed with CUDA events) and under another profile.
 * **If measuring fails** (an error from the kernel, out of memory), the call
   keeps its roofline time and one warning says so.
 * **The same numbers on every rank.**  Timings differ from rank to rank, and
@@ -75,9 +86,10 @@ from ckpt.cost_model.cache_files import cpu_model, locked, write_atomically
 from ckpt.cost_model.node_cost import NodeEstimate, SizeEvaluator, storage_bytes_expr, tensor_values
 from ckpt.cost_model.ops import OpKind, classify
 from ckpt.cost_model.profiles import DeviceProfile
-from ckpt.cost_model.timing import device_seconds
+from ckpt.cost_model.timing import device_seconds, fastest_seconds
 
 __all__ = [
+    "BUSY_FACTOR",
     "MAX_CALL_BYTES",
     "SECONDS_PER_GRAPH",
     "MeasuredCall",
@@ -87,6 +99,7 @@ __all__ = [
     "cached_costs",
     "cached_or_measured",
     "call_signature",
+    "canary_seconds",
     "device_key",
     "library_calls",
     "measure_calls",
@@ -96,12 +109,20 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_FORMAT_VERSION = 2  # 2: with the scratch bytes of each call
+# 2: with the scratch bytes of each call; 3: timed on a quiet CPU only (tables of earlier
+# versions may hold timings taken beside other work, and are measured again)
+_FORMAT_VERSION = 3
 _SCRATCH = "scratch|"  # the key of a call's scratch bytes: _SCRATCH + its signature
 SECONDS_PER_GRAPH = 1.5  # measuring time per compiled graph, at most (about; one call may overrun it)
 MAX_CALL_BYTES = 2 * 2**30  # tensors of one timed call, inputs and outputs
 _REPEATS = 5
 _MAX_REPEAT_SECONDS = 0.25  # fewer repeats for a call slower than this
+# A reference matmul this many times slower than the calibrated profile predicts: the CPU is
+# busy and timings are not kept.  On a quiet 2-thread Xeon it runs at 1.1-1.2 times the
+# prediction (the profile scales a one-thread rate by the thread count).
+BUSY_FACTOR = 2.0
+_CANARY_SIZE = 512
+_busy_warned = False
 
 
 class MeasurementWarning(UserWarning):
@@ -350,6 +371,47 @@ def _scratch_bytes(run: Callable[[], None], call: MeasuredCall) -> int:
     return max(0, peak - call.output_bytes)
 
 
+def canary_seconds(device: torch.device, profile: DeviceProfile) -> float | None:
+    """What the busy check's reference matmul takes on a quiet ``device``; None where it is not checked.
+
+    Known on the CPU under its own calibrated ``cpu`` profile, whose fp32
+    rate was measured on a 512 x 512 matmul (:mod:`ckpt.cost_model.calibrate`).
+    """
+    if device.type != "cpu" or profile.name != "cpu":
+        return None
+    return 2 * _CANARY_SIZE**3 / profile.flops_per_second("fp32")
+
+
+def _slowdown(expected_seconds: float) -> float:
+    """How many times slower than ``expected_seconds`` the reference matmul runs now (fastest of three)."""
+    with compat.real_tensors(), torch.no_grad():
+        a = torch.ones(_CANARY_SIZE, _CANARY_SIZE)
+        b = torch.ones(_CANARY_SIZE, _CANARY_SIZE)
+        return fastest_seconds(lambda: torch.mm(a, b), 3) / expected_seconds
+
+
+def _busy(expected_seconds: float | None, when: str) -> bool:
+    """Whether the CPU is too busy to time on (:data:`BUSY_FACTOR`); warns once per process."""
+    global _busy_warned
+    if expected_seconds is None:
+        return False
+    slowdown = _slowdown(expected_seconds)
+    log.debug("ckpt: reference matmul %.2fx its calibrated time %s", slowdown, when)
+    if slowdown <= BUSY_FACTOR:
+        return False
+    message = (
+        f"ckpt: the CPU is busy {when} ({_CANARY_SIZE}x{_CANARY_SIZE} fp32 matmul {slowdown:.1f}x slower than "
+        f"calibrated, above {BUSY_FACTOR:g}x): library calls keep their roofline times in this graph and nothing "
+        "is cached; they are measured by a later compile on a quieter machine"
+    )
+    if _busy_warned:
+        log.info("%s", message)
+    else:
+        _busy_warned = True
+        warnings.warn(message, MeasurementWarning, stacklevel=3)
+    return True
+
+
 def _byte_limit(device: torch.device) -> int:
     """The most tensor bytes one timed call may allocate: on a GPU, also a quarter of its free memory."""
     if device.type != "cuda":
@@ -362,6 +424,7 @@ def measure_calls(
     calls: Sequence[MeasuredCall],
     *,
     seconds: float = SECONDS_PER_GRAPH,
+    canary: float | None = None,
 ) -> dict[str, float]:
     """Time each call (largest roofline time first) until ``seconds`` are spent; by signature.
 
@@ -369,8 +432,11 @@ def measure_calls(
     there are any, under :func:`scratch_key` of its signature.
 
     A call that fails is left out, with one :class:`MeasurementWarning`
-    naming the op and the error.
+    naming the op and the error.  With ``canary`` (:func:`canary_seconds`),
+    a busy CPU before or after the calls leaves the table empty.
     """
+    if _busy(canary, "before timing library calls"):
+        return {}
     measured: dict[str, float] = {}
     failures: list[str] = []
     limits: dict[torch.device, int] = {}
@@ -399,6 +465,8 @@ def measure_calls(
             MeasurementWarning,
             stacklevel=2,
         )
+    if measured and _busy(canary, "after timing library calls"):
+        return {}
     return measured
 
 
@@ -459,7 +527,11 @@ def cached_costs(device: torch.device, directory: Path | None = None) -> dict[st
 
 
 def cached_or_measured(
-    calls: Sequence[MeasuredCall], *, seconds: float = SECONDS_PER_GRAPH, directory: Path | None = None
+    calls: Sequence[MeasuredCall],
+    *,
+    seconds: float = SECONDS_PER_GRAPH,
+    directory: Path | None = None,
+    canary: float | None = None,
 ) -> dict[str, float]:
     """The times of ``calls`` by signature: from the cache, measuring what it lacks (then storing it).
 
@@ -476,7 +548,7 @@ def cached_or_measured(
             known = _load(path)
             missing = [c for c in unique if c.signature not in known]
             if missing:
-                fresh = measure_calls(missing, seconds=seconds)
+                fresh = measure_calls(missing, seconds=seconds, canary=canary)
                 if fresh:
                     known.update(fresh)
                     _store(path, known)
@@ -484,7 +556,7 @@ def cached_or_measured(
                 log.info("ckpt: timed %d of %d new library calls on %s", timed, len(missing), calls[0].device)
     except OSError as error:  # read-only home, full disk: measure without caching
         log.warning("ckpt: cannot use the measured-cost cache at %s (%s); measuring without it", directory, error)
-        known = measure_calls(unique, seconds=seconds)
+        known = measure_calls(unique, seconds=seconds, canary=canary)
     wanted = {c.signature for c in unique}
     wanted |= {scratch_key(signature) for signature in wanted}
     return {k: v for k, v in known.items() if k in wanted}
@@ -536,12 +608,13 @@ def plan_costs(device: torch.device, profile: DeviceProfile, *, agree: bool = Tr
     measured costs at all and keeps this rank's profile (for callers that
     cannot reach a point every rank reaches).
     """
+    canary = canary_seconds(device, profile)  # this rank's own profile: the busy check is about this machine
     if _process_group_size() <= 1:
-        return OpCosts(device, cached_costs(device), use_fresh=True), profile
+        return OpCosts(device, cached_costs(device), use_fresh=True, canary=canary), profile
     if not agree:
         return OpCosts(device, {}, use_fresh=False, seconds=0.0), profile
     known, profile = agree_across_ranks(cached_costs(device), profile)
-    return OpCosts(device, known, use_fresh=False), profile
+    return OpCosts(device, known, use_fresh=False, canary=canary), profile
 
 
 @dataclass
@@ -560,6 +633,7 @@ class OpCosts:
     known: dict[str, float]
     use_fresh: bool
     seconds: float = SECONDS_PER_GRAPH
+    canary: float | None = None  # the busy check's reference time (:func:`canary_seconds`); None: no check
     fresh: dict[str, float] = dataclasses.field(default_factory=dict)  # measured by this process, after ``known``
     attempted: set[str] = dataclasses.field(default_factory=set)  # signatures this process tried to measure
 
@@ -594,5 +668,5 @@ class OpCosts:
         ]
         if missing and self.seconds > 0:
             self.attempted.update(c.signature for c in missing)
-            self.fresh.update(cached_or_measured(missing, seconds=self.seconds))
+            self.fresh.update(cached_or_measured(missing, seconds=self.seconds, canary=self.canary))
         return {**self.known, **self.fresh} if self.use_fresh else self.known
