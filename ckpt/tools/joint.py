@@ -49,12 +49,17 @@ def trace_joint(
     *inputs: Any,
     profile: DeviceProfile,
     loss: Callable[[Any], torch.Tensor] = _default_loss,
+    measure: Any = None,
 ) -> Joint:
     """The first joint graph of ``model(*inputs)``, analysed on ``profile``.
 
     Buffer mutations stay in the graph, as under Inductor.  ``loss`` turns the
     output into the scalar the backward starts from (default: the output if it
-    is a scalar, else its sum).
+    is a scalar, else its sum).  ``measure`` times library calls, as in
+    :func:`~ckpt.partitioner.analysis.analyze_joint` (for example the
+    :class:`~ckpt.cost_model.measured.OpCosts` of
+    :func:`~ckpt.cost_model.measured.plan_costs`, as the backend plans);
+    without it, library calls keep their roofline time.
     """
     captured: list[Joint] = []
 
@@ -63,7 +68,7 @@ def trace_joint(
         started = time.perf_counter()
         autograd_saved = autograd_saved_names(gm, num_fwd_outputs)
         gm, _, _ = compat.prepare_joint(gm)
-        analysis = analyze_joint(gm, num_fwd_outputs, profile, autograd_saved=autograd_saved)
+        analysis = analyze_joint(gm, num_fwd_outputs, profile, autograd_saved=autograd_saved, measure=measure)
         seconds = time.perf_counter() - started
         captured.append(Joint(gm, analysis, num_fwd_outputs, raw_nodes, seconds))
         raise _Captured
