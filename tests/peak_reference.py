@@ -284,8 +284,15 @@ def _join_sibling_pointwise(
     target: dict[int, int] = {}
     for v in candidates:
         siblings = [position[u] for u in candidates if sources[u] & sources[v]]
-        if max(siblings, default=-1) > position[v]:
-            target[v] = max(siblings)
+        last = max(siblings, default=-1)
+        if last > position[v]:
+            # Not if the sibling depends on it (a fused kernel cannot wait for itself).
+            depends = {v}
+            for u in order[position[v] + 1 : last + 1]:
+                if any(p in depends for p in graph.inputs[u]):
+                    depends.add(u)
+            if order[last] not in depends:
+                target[v] = last
     if not target:
         return order, {}, {}
     anchor: dict[int, int] = {}

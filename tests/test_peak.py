@@ -210,6 +210,21 @@ def test_pointwise_siblings_run_in_one_kernel_and_their_readers_wait() -> None:
     assert {name for name, _ in prediction.alive} == {"h", "d", "a"}
 
 
+def test_a_pointwise_value_does_not_join_a_sibling_that_depends_on_it() -> None:
+    # a = x + m and d = L1 * m share their largest buffer m, and library calls read both, but d
+    # depends on a through L1: one kernel for both would wait for itself, so Inductor keeps them
+    # apart (in a transformer: a residual add and the dropout gradient of its mask, with the whole
+    # head between them), and the graph runs in its order.
+    names = ["m", "x", "a", "L1", "d", "L2", "out"]
+    kinds = [B, B, F, B, F, B, B]
+    inputs = [(), (), (0, 1), (2,), (3, 0), (4,), (5,)]
+    graph = forward_only(names, kinds, inputs, [20, 15, 10, 10, 10, 1, 1])
+    prediction = simulate_peak(graph, (), ())
+    # x dies with a's kernel; joined, it would live until d's, through L1 (m, x, a and L1: 55)
+    assert prediction.node == "a" and prediction.forward_bytes == 45
+    assert {name for name, _ in prediction.alive} == {"m", "x", "a"}
+
+
 def test_a_pointwise_input_of_a_concatenation_is_written_into_its_buffer() -> None:
     # e (read by the library call L1) is also concatenated with u into cat.  Inductor computes e
     # straight into its half of cat's buffer, so that whole buffer is alive from e's kernel on,

@@ -387,7 +387,7 @@ class GraphIndex:
         targets: dict[int, int] = {}  # value -> the position it moves to
         for k in candidates:
             t = max([last[b] for b in sources[k]], default=k)
-            if t > k:
+            if t > k and self._joins(order[k], t, order, position):
                 targets[order[k]] = t
         if not targets:
             return order, {}
@@ -433,6 +433,29 @@ class GraphIndex:
                 after.sort()
                 result.extend(v for _, _, v in after)
         return result, groups
+
+    def _joins(self, v: int, t: int, order: list[int], position: list[int]) -> bool:
+        """Whether ``v`` may wait for its sibling at position ``t`` (after it), to run in one kernel there.
+
+        Inductor fuses two kernels only if neither depends on the other
+        through a third (the fused kernel would wait for itself): a residual
+        add in the forward and the dropout gradient of the same mask in the
+        backward share their largest buffer, but the gradient depends on the
+        add through the whole head, which must not wait.
+        """
+        readers = self.readers
+        target = order[t]
+        stack = [v]
+        seen = {v}
+        while stack:  # does the sibling depend on v?
+            for r in readers[stack.pop()]:
+                if r == target:
+                    return False
+                where = position[r]
+                if 0 <= where < t and r not in seen:
+                    seen.add(r)
+                    stack.append(r)
+        return True
 
     def _kernel_reads(self, v: int, joined: dict[int, int], position: list[int], realised: bytearray) -> set[int]:
         """What ``v`` reads in a joined kernel: as ``_reads``, but a joined value is read as itself.
