@@ -296,14 +296,14 @@ def _join_sibling_pointwise(
     if not target:
         return order, {}, {}
     anchor: dict[int, int] = {}
-    tier: dict[int, int] = {}
     for v in order:
         waits = max((anchor[p] for p in graph.inputs[v] if p in anchor), default=-1)
         if v in target and target[v] >= waits:
-            anchor[v], tier[v] = target[v], 1
+            anchor[v] = target[v]
         elif waits >= position[v]:  # (a sibling that depends on a moved value follows it)
-            anchor[v], tier[v] = waits, 2
-    result = sorted(order, key=lambda v: (anchor.get(v, position[v]), tier.get(v, 0), position[v]))
+            anchor[v] = waits
+    # what follows a position keeps its order there (a moved value may read one that waits)
+    result = sorted(order, key=lambda v: (anchor.get(v, position[v]), v in anchor, position[v]))
     kernels = {v: t for v, t in target.items()}
     kernels.update({order[t]: t for t in target.values()})
 

@@ -395,7 +395,7 @@ class GraphIndex:
         groups.update((order[t], t) for t in targets.values())
         # Only what depends on a moved value can wait: walk its readers in order, up to where it goes.
         readers = self.readers
-        anchor: dict[int, tuple[int, int]] = {}  # moved and waiting values -> (position they follow, tier)
+        anchor: dict[int, int] = {}  # moved and waiting values -> the position they follow
         pending = [(k, order[k]) for k in sorted(position[v] for v in targets)]
         heapq.heapify(pending)
         seen: set[int] = set()
@@ -406,24 +406,25 @@ class GraphIndex:
             seen.add(v)
             a = -1
             for p in inputs[v]:
-                known = anchor.get(p)
-                if known is not None and known[0] > a:
-                    a = known[0]
+                known = anchor.get(p, -1)
+                if known > a:
+                    a = known
             t = targets.get(v, -1)
             if t >= a and t > k:
-                anchor[v] = (t, 1)
+                anchor[v] = t
             elif a >= k:  # (a sibling that depends on a moved value follows it)
-                anchor[v] = (a, 2)
+                anchor[v] = a
             else:
                 continue
-            until = anchor[v][0]
+            until = anchor[v]
             for r in readers[v]:
                 where = position[r]
                 if k < where <= until and r not in seen:
                     heapq.heappush(pending, (where, r))
-        follows: dict[int, list[tuple[int, int, int]]] = {}
-        for v, (after_position, tier) in anchor.items():
-            follows.setdefault(after_position, []).append((tier, position[v], v))
+        # What follows a position keeps its own order there: a moved value may read one that waits.
+        follows: dict[int, list[int]] = {}
+        for v, after_position in anchor.items():
+            follows.setdefault(after_position, []).append(position[v])
         result: list[int] = []
         for k, v in enumerate(order):
             if v not in anchor:
@@ -431,7 +432,7 @@ class GraphIndex:
             after = follows.get(k)
             if after is not None:
                 after.sort()
-                result.extend(v for _, _, v in after)
+                result.extend(order[j] for j in after)
         return result, groups
 
     def _joins(self, v: int, t: int, order: list[int], position: list[int]) -> bool:
