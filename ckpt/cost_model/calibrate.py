@@ -49,11 +49,14 @@ from ckpt.cost_model.fused_calibration import measure_fused_costs
 from ckpt.cost_model.profiles import DeviceProfile
 from ckpt.cost_model.timing import fastest_seconds
 
-__all__ = ["FUSED_DEFAULTS", "calibrate_cpu", "cpu_profile"]
+__all__ = ["FUSED_DEFAULTS", "MATMUL_SIZE", "calibrate_cpu", "cpu_profile"]
 
 log = logging.getLogger(__name__)
 
 _FORMAT_VERSION = 4
+# The square fp32/bf16 matmul whose rate is the profile's peak (the busy check of
+# :mod:`ckpt.cost_model.measured` times it again).
+MATMUL_SIZE = 512
 
 # Seconds per element of fused work, times the fp32 matrix FLOP/s of the same machine: what
 # the fused-kernel calibration measured on the reference machine (a 2-thread Xeon, torch
@@ -114,7 +117,7 @@ def calibrate_cpu(*, fused: bool = True) -> DeviceProfile:
     # Compute rates are measured on one thread and scaled by the thread count: a parallel
     # region waits for its slowest thread, so one busy core would distort the reading.
     with _one_thread():
-        n = 512
+        n = MATMUL_SIZE
         a, b = torch.randn(n, n), torch.randn(n, n)
         fp32 = threads * 2 * n**3 / fastest_seconds(lambda: torch.mm(a, b), 5)
         a16, b16 = a.bfloat16(), b.bfloat16()

@@ -83,6 +83,7 @@ import torch.utils._pytree as pytree
 from ckpt import _torch_compat as compat
 from ckpt.config import cache_dir
 from ckpt.cost_model.cache_files import cpu_model, locked, write_atomically
+from ckpt.cost_model.calibrate import MATMUL_SIZE
 from ckpt.cost_model.node_cost import NodeEstimate, SizeEvaluator, storage_bytes_expr, tensor_values
 from ckpt.cost_model.ops import OpKind, classify
 from ckpt.cost_model.profiles import DeviceProfile
@@ -121,7 +122,6 @@ _MAX_REPEAT_SECONDS = 0.25  # fewer repeats for a call slower than this
 # busy and timings are not kept.  On a quiet 2-thread Xeon it runs at 1.1-1.2 times the
 # prediction (the profile scales a one-thread rate by the thread count).
 BUSY_FACTOR = 2.0
-_CANARY_SIZE = 512
 _busy_warned = False
 
 
@@ -375,18 +375,18 @@ def canary_seconds(device: torch.device, profile: DeviceProfile) -> float | None
     """What the busy check's reference matmul takes on a quiet ``device``; None where it is not checked.
 
     Known on the CPU under its own calibrated ``cpu`` profile, whose fp32
-    rate was measured on a 512 x 512 matmul (:mod:`ckpt.cost_model.calibrate`).
+    rate was measured on this matmul (:data:`~ckpt.cost_model.calibrate.MATMUL_SIZE`).
     """
     if device.type != "cpu" or profile.name != "cpu":
         return None
-    return 2 * _CANARY_SIZE**3 / profile.flops_per_second("fp32")
+    return 2 * MATMUL_SIZE**3 / profile.flops_per_second("fp32")
 
 
 def _slowdown(expected_seconds: float) -> float:
     """How many times slower than ``expected_seconds`` the reference matmul runs now (fastest of three)."""
     with compat.real_tensors(), torch.no_grad():
-        a = torch.ones(_CANARY_SIZE, _CANARY_SIZE)
-        b = torch.ones(_CANARY_SIZE, _CANARY_SIZE)
+        a = torch.ones(MATMUL_SIZE, MATMUL_SIZE)
+        b = torch.ones(MATMUL_SIZE, MATMUL_SIZE)
         return fastest_seconds(lambda: torch.mm(a, b), 3) / expected_seconds
 
 
@@ -400,7 +400,7 @@ def _busy(expected_seconds: float | None, when: str) -> bool:
     if slowdown <= BUSY_FACTOR:
         return False
     message = (
-        f"ckpt: the CPU is busy {when} ({_CANARY_SIZE}x{_CANARY_SIZE} fp32 matmul {slowdown:.1f}x slower than "
+        f"ckpt: the CPU is busy {when} ({MATMUL_SIZE}x{MATMUL_SIZE} fp32 matmul {slowdown:.1f}x slower than "
         f"calibrated, above {BUSY_FACTOR:g}x): library calls keep their roofline times in this graph and nothing "
         "is cached; they are measured by a later compile on a quieter machine"
     )
