@@ -302,8 +302,17 @@ def _join_sibling_pointwise(
             anchor[v] = target[v]
         elif waits >= position[v]:  # (a sibling that depends on a moved value follows it)
             anchor[v] = waits
-    # what follows a position keeps its order there (a moved value may read one that waits)
-    result = sorted(order, key=lambda v: (anchor.get(v, position[v]), v in anchor, position[v]))
+    # What follows a position: the moved values, then those that wait, each in their order, but never
+    # before a value they read there (a moved value may read one that waits).
+    rank: dict[int, int] = {}  # a following value's place among those that follow its position
+    for k in set(anchor.values()):
+        group = [v for v in order if anchor.get(v) == k]
+        while group:
+            ready = [v for v in group if not any(p in group for p in graph.inputs[v])]
+            pick = min(ready, key=lambda v: (v not in target, position[v]))
+            rank[pick] = len(rank)
+            group.remove(pick)
+    result = sorted(order, key=lambda v: (anchor.get(v, position[v]), v in anchor, rank.get(v, 0)))
     kernels = {v: t for v, t in target.items()}
     kernels.update({order[t]: t for t in target.values()})
 

@@ -219,6 +219,22 @@ def test_pointwise_siblings_run_in_one_kernel_and_their_readers_wait() -> None:
     assert {name for name, _ in prediction.alive} == {"h", "d", "a"}
 
 
+def test_a_joined_kernel_writes_all_its_outputs_before_their_readers_run() -> None:
+    # A recomputed SwiGLU's backward: h = silu(g) * u is read by the down projection's weight
+    # gradient W, du = d * silu(g) by X, dg = d * u * silu'(g) by Y.  The three read g, so Inductor
+    # computes them in one kernel at dg's place; W waits for it, and runs after du is written too
+    # (before, the model ran W between h and du, and du took h's bytes).
+    names = ["g", "u", "d", "h", "W", "du", "X", "dg", "Y", "out"]
+    kinds = [B, B, B, F, B, F, B, F, B, B]
+    inputs = [(), (), (), (0, 1), (3,), (2, 0), (5,), (2, 0, 1), (7,), (4, 6, 8)]
+    sizes = [10, 10, 10, 10, 1, 10, 1, 10, 1, 1]
+    graph = forward_only(names, kinds, inputs, sizes)
+    prediction = simulate_peak(graph, (), ())
+    assert prediction.forward_bytes == 6 * 10  # g, u, d and the kernel's h, du and dg
+    assert {name for name, _ in prediction.alive} == {"g", "u", "d", "h", "du", "dg"}
+    assert reference.simulate_peak(graph, (), ()) == prediction
+
+
 def test_a_pointwise_value_does_not_join_a_sibling_that_depends_on_it() -> None:
     # a = x + m and d = L1 * m share their largest buffer m, and library calls read both, but d
     # depends on a through L1: one kernel for both would wait for itself, so Inductor keeps them

@@ -364,9 +364,11 @@ class GraphIndex:
         are alive at once.  A value's siblings are those that read one of its
         largest buffers (``_sources``) and that a library call reads too;
         the values that depend on a moved one, up to its new place, move after
-        it in their order.  The kernel's inputs live until its last output is
-        written, and an output is written in place of an input only if no
-        other value of the kernel reads that input (see ``phase``).  Returns
+        it in their order, behind the moved values (the kernel writes all its
+        outputs before their readers run).  The kernel's inputs live until its
+        last output is written, and an output is written in place of an input
+        only if no other value of the kernel reads that input (see ``phase``).
+        Returns
         the order (``order`` itself if nothing moves; ``position`` is its)
         and each joined value's kernel, named by the position in ``order`` of
         the sibling the others join.
@@ -421,7 +423,9 @@ class GraphIndex:
                 where = position[r]
                 if k < where <= until and r not in seen:
                     heapq.heappush(pending, (where, r))
-        # What follows a position keeps its own order there: a moved value may read one that waits.
+        # What follows a position: the moved values first (their kernel writes them together), then the
+        # values that wait for them, each group in its own order, and never before a value it reads there
+        # (a moved value may read one that waits).
         follows: dict[int, list[int]] = {}
         for v, after_position in anchor.items():
             follows.setdefault(after_position, []).append(position[v])
@@ -431,9 +435,32 @@ class GraphIndex:
                 result.append(v)
             after = follows.get(k)
             if after is not None:
-                after.sort()
-                result.extend(order[j] for j in after)
+                result.extend(self._members_first([order[j] for j in sorted(after)], targets))
         return result, groups
+
+    def _members_first(self, values: list[int], members: dict[int, int]) -> list[int]:
+        """``values`` (in order) with ``members`` first, each value after those of ``values`` it reads."""
+        if all(v in members for v in values) or not any(v in members for v in values):
+            return values
+        inputs = self.inputs
+        rank = {v: (v not in members, k) for k, v in enumerate(values)}
+        waiting = {v: sum(1 for p in set(inputs[v]) if p in rank) for v in values}
+        readers: dict[int, list[int]] = {}
+        for v in values:
+            for p in set(inputs[v]):
+                if p in rank:
+                    readers.setdefault(p, []).append(v)
+        ready = [(rank[v], v) for v in values if not waiting[v]]
+        heapq.heapify(ready)
+        ordered: list[int] = []
+        while ready:
+            _, v = heapq.heappop(ready)
+            ordered.append(v)
+            for r in readers.get(v, ()):
+                waiting[r] -= 1
+                if not waiting[r]:
+                    heapq.heappush(ready, (rank[r], r))
+        return ordered
 
     def _joins(self, v: int, t: int, order: list[int], position: list[int]) -> bool:
         """Whether ``v`` may wait for its sibling at position ``t`` (after it), to run in one kernel there.
