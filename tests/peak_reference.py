@@ -383,13 +383,7 @@ def _run(
     ]
     start_set = set(start)
 
-    def walk(
-        stop: int,
-        holds: dict[int, int],
-        events: list[tuple[int, str, int]],
-        totals: list[int] | None = None,
-        reuse_in_place: bool = True,
-    ) -> tuple[int, int, set[int]]:
+    def walk(stop: int, holds: dict[int, int], events: list[tuple[int, str, int]]) -> tuple[int, int, set[int]]:
         alive = {b for b in start if b in keep or b in last_use}
         born = dict.fromkeys(alive, 0)
         held: dict[int, list[int]] = {}  # position -> freed buffers held for the buffer allocated there
@@ -398,7 +392,7 @@ def _run(
         for position, i in enumerate(order):
             if i in buffers and i not in alive:
                 in_place = False
-                if reuse_in_place and graph.kinds[i] not in (Materialise.BUFFER, Materialise.FREE) and nbytes[i]:
+                if graph.kinds[i] not in (Materialise.BUFFER, Materialise.FREE) and nbytes[i]:
                     # Inductor's kernel writes in place of an input of its size that dies here (in a
                     # kernel of siblings: that dies at its end, and that no other value of it reads).
                     dies = kernel_end[kernels[i]] if i in kernels else position
@@ -425,8 +419,6 @@ def _run(
                 alive.add(i)
                 born[i] = position
                 total += nbytes[i]
-            if totals is not None:
-                totals.append(total)
             running = total + scratch[i]  # a library call's own working memory, while it runs
             if running > peak or at < 0:
                 peak, at = running, position
@@ -444,33 +436,21 @@ def _run(
                         events.append((position, "free", b))
         return peak, at, alive
 
-    def pool(events: list[tuple[int, str, int]], totals: list[int]) -> dict[int, int]:
-        """Which freed buffer each allocation takes over: the latest freed of its size, if holding it
-        until then keeps Inductor's estimate in between (``totals``: no holds, nothing written in place)
-        within its peak, or nothing is in between."""
-        ceiling = max(totals, default=0)
+    def pool(events: list[tuple[int, str, int]]) -> dict[int, int]:
+        """Which freed buffer each allocation takes over: the latest freed of its size."""
         gave = {b for _, kind, b in events if kind == "in place"}
-        freed: dict[int, list[tuple[int, int]]] = {}  # size -> (buffer, position after which it is freed)
+        freed: dict[int, list[int]] = {}
         holds: dict[int, int] = {}
         for position, kind, b in events:
             if kind == "take" and freed.get(nbytes[b]):
-                donor, after = freed[nbytes[b]][-1]
-                between = range(after + 1, position)
-                if between and max(totals[k] for k in between) + nbytes[b] > ceiling:
-                    continue  # Inductor allocates anew rather than raise its peak; the donor stays on top
-                freed[nbytes[b]].pop()
-                for k in between:
-                    totals[k] += nbytes[b]
-                holds[donor] = position
+                holds[freed[nbytes[b]].pop()] = position
             elif kind == "free" and b not in gave:
-                freed.setdefault(nbytes[b], []).append((b, position))
+                freed.setdefault(nbytes[b], []).append(b)
         return holds
 
     events: list[tuple[int, str, int]] = []
     walk(len(order), {}, events)
-    totals: list[int] = []
-    walk(len(order), {}, [], totals, reuse_in_place=False)
-    holds = pool(events, totals)
+    holds = pool(events)
 
     peak, at, alive = walk(len(order), holds, [])
     if at < 0:  # an empty phase

@@ -446,15 +446,6 @@ def _reuse_in_place(
     return set(donors), set(donors.values())
 
 
-def _alive_bytes(spans: list[tuple[int, int, int]], positions: int, nbytes: Sequence[int]) -> list[int]:
-    """The bytes of ``spans`` alive at each of ``positions``."""
-    change = [0] * (positions + 1)
-    for first, last, b in spans:
-        change[first] += nbytes[b]
-        change[last + 1] -= nbytes[b]
-    return list(itertools.accumulate(change[:-1]))
-
-
 def _reuse_freed(
     spans: list[tuple[int, int, int]],
     order: Sequence[int],
@@ -463,7 +454,6 @@ def _reuse_freed(
     keep: bytearray,
     start: set[int],
     in_place: tuple[set[int], set[int]],
-    estimate: list[int],
 ) -> None:
     """Hold each freed buffer that a later allocation of its size takes over, until that allocation.
 
@@ -475,16 +465,6 @@ def _reuse_freed(
     allocates itself takes from it (its kernels' outputs and the library
     calls it passes an ``out=`` buffer, ``takes``).  A held buffer's span
     runs on to the position before its taker's.
-
-    Inductor hands a buffer over only if holding it does not raise the
-    phase's peak as Inductor estimates it (``AllocateLine.should_reuse_buffer``):
-    unless the taker comes right after the buffer's last reader, the bytes
-    alive in between (``estimate``, by position: Inductor's estimate knows
-    nothing of kernels writing in place of their inputs, nor of holds), plus
-    the buffer, must stay within the estimate's peak; if not, the taker
-    allocates anew, and the buffer, freed after its last reader, stays on top
-    of the pool for a later taker.  Each hold counts in the estimate for the
-    next.  ``estimate`` is updated in place.
     """
     taken_in_place, gave_in_place = in_place
     alloc_at: dict[int, int] = {}  # position -> span of the buffer allocated there
@@ -498,8 +478,6 @@ def _reuse_freed(
             freed_at.setdefault(last, []).append(s)
     if not freed_at:
         return
-    alive = estimate
-    ceiling = max(alive)
     pool: dict[int, list[int]] = {}  # bytes -> spans freed, most recent last
     for k in sorted(alloc_at.keys() | freed_at.keys()):  # at each position: allocate, then free
         taker = alloc_at.get(k)
@@ -508,17 +486,9 @@ def _reuse_freed(
             if takes[b]:
                 held = pool.get(nbytes[b])
                 if held:
-                    d = held[-1]
-                    first, last, donor = spans[d]
-                    size = nbytes[donor]
-                    if last + 1 < k:
-                        if max(alive[last + 1 : k]) + size > ceiling:
-                            held = None  # freed instead: holding it would raise the peak
-                        else:
-                            alive[last + 1 : k] = [total + size for total in alive[last + 1 : k]]
-                    if held:
-                        held.pop()
-                        spans[d] = (first, k - 1, donor)
+                    d = held.pop()
+                    first, _, donor = spans[d]
+                    spans[d] = (first, k - 1, donor)
         freed = freed_at.get(k)
         if freed is not None:
             if len(freed) > 1:
@@ -550,15 +520,19 @@ def _run(
     spans = _lifetimes(phase, buffers, start, keep, _last_uses(index, phase, buffers, available))
     if sim.concats:
         _write_into_concats(spans, order, sim.concats)
-    estimate = _alive_bytes(spans, len(order), nbytes)  # as Inductor estimates it: nothing written in place
     in_place = _reuse_in_place(spans, phase, index.kinds, nbytes, keep, sim.fixed)
-    _reuse_freed(spans, order, nbytes, sim.takes, keep, set(start), in_place, estimate)
-    totals = _alive_bytes(spans, len(order), nbytes)
+    _reuse_freed(spans, order, nbytes, sim.takes, keep, set(start), in_place)
+    change = [0] * (len(order) + 1)
+    for first, last, b in spans:
+        change[first] += nbytes[b]
+        change[last + 1] -= nbytes[b]
     position = phase.position
     for value, extra in scratch.items():
         k = position[value]
         if k >= 0:
-            totals[k] += extra
+            change[k] += extra
+            change[k + 1] -= extra
+    totals = list(itertools.accumulate(change[:-1]))
     peak = max(totals)
     if not named:
         return _Phase(peak)
