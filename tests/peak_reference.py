@@ -75,8 +75,8 @@ _REALIZE_READS = 4
 _REALIZE_OPS = 30
 
 
-def _heavy(graph: PeakGraph, i: int, members: set[int]) -> bool:
-    """Whether the pointwise chain ending at ``i`` is too big for Inductor to inline twice."""
+def _heavy(graph: PeakGraph, i: int, members: set[int], realised: set[int]) -> bool:
+    """Whether the pointwise chain ending at ``i`` is too big to inline twice (it loads realised values)."""
     ops: set[int] = set()
     leaves: set[int] = set()
     stack = [i]
@@ -86,7 +86,7 @@ def _heavy(graph: PeakGraph, i: int, members: set[int]) -> bool:
             continue
         ops.add(value)
         for p in graph.inputs[value]:
-            if p in members and graph.kinds[p] is Materialise.FUSIBLE:
+            if p in members and graph.kinds[p] is Materialise.FUSIBLE and p not in realised:
                 stack.append(p)
             elif graph.kinds[p] is not Materialise.FREE:
                 leaves.add(p)
@@ -156,7 +156,7 @@ def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -
             if p not in members or graph.kinds[p] not in _INLINED:
                 continue
             library_input = kind is Materialise.BUFFER
-            realised = kind is Materialise.REDUCTION and len(readers[p]) > 1 and _heavy(graph, p, members)
+            realised = kind is Materialise.REDUCTION and len(readers[p]) > 1 and _heavy(graph, p, members, reused)
             if library_input or realised:
                 result.add(p)
     for i in order:
@@ -229,14 +229,16 @@ def _fuse_into_consumers(graph: PeakGraph, order: Sequence[int]) -> list[int]:
     Inductor computes a pointwise value inside the kernel of its consumer, so
     it runs (and its inputs stay alive) until that kernel, not at its own place
     in the graph.  Chains of pointwise values move together, in graph order.
+    A value realised for several readers runs at its own place.
     """
+    realised = _reads(graph, sorted(order))[0]
     order = _join_sibling_reductions(graph, list(order))
     members = set(order)
     position = {v: k for k, v in enumerate(order)}
     consumed: set[int] = set()
     for i in order:
         consumed.update(p for p in graph.inputs[i] if p in members)
-    deferred = {i for i in order if graph.kinds[i] in _INLINED and i in consumed}
+    deferred = {i for i in order if graph.kinds[i] in _INLINED and i in consumed and i not in realised}
     result: list[int] = []
     placed: set[int] = set()
     for i in order:

@@ -183,6 +183,34 @@ def test_a_pointwise_value_reading_many_buffers_is_realised_for_its_two_kernels(
     assert realised.forward_bytes == 5 * 10
 
 
+def test_a_value_realised_for_several_readers_runs_at_its_own_place() -> None:
+    # r reads five buffers and has two readers, so Inductor realises it where the graph computes it,
+    # before the library call big: its inputs die there. (Computed at its first reader s instead,
+    # the five inputs would be alive beside big: 100 bytes.)
+    R = Materialise.REDUCTION
+    names = ["b1", "b2", "b3", "b4", "b5", "r", "big", "s", "q", "out"]
+    kinds = [B, B, B, B, B, F, B, R, F, B]
+    inputs: list[tuple[int, ...]] = [(), (), (), (), (), (0, 1, 2, 3, 4), (), (5,), (5,), (7, 8, 6)]
+    sizes = [10] * 6 + [50, 1, 10, 1]
+    prediction = simulate_peak(forward_only(names, kinds, inputs, sizes), saved=(), recomputed=())
+    assert prediction.forward_bytes == 50 + 10 + 1 + 1  # at out: big, q (the library call's input), s, out
+    assert prediction.node == "out"
+
+
+def test_a_reductions_shared_input_reading_a_realised_value_stays_inlined() -> None:
+    # r reads five buffers and has two readers, so it is realised; w reads r alone and feeds two
+    # reductions. Inductor loads r in w's place in both reduction kernels: w never allocates.
+    # (Counting r's five buffers as w's reads made w look too big to inline twice: 22 bytes at s2.)
+    R = Materialise.REDUCTION
+    names = ["b1", "b2", "b3", "b4", "b5", "r", "q", "w", "s1", "s2", "out"]
+    kinds = [B, B, B, B, B, F, F, F, R, R, B]
+    inputs: list[tuple[int, ...]] = [(), (), (), (), (), (0, 1, 2, 3, 4), (5,), (5,), (7,), (7,), (8, 9, 6)]
+    sizes = [2] * 5 + [10, 10, 10, 1, 1, 1]
+    prediction = simulate_peak(forward_only(names, kinds, inputs, sizes), saved=(), recomputed=())
+    assert prediction.forward_bytes == 10 + 5 * 2  # r written while its five inputs are alive
+    assert prediction.node == "r" and "w" not in dict(prediction.alive)
+
+
 def test_a_freed_buffer_is_held_for_a_later_buffer_of_its_size() -> None:
     # a dies at b; c, a kernel output of a's size, takes a's storage after the library call y:
     # Inductor holds a until then, so a counts while y runs.

@@ -230,7 +230,7 @@ class GraphIndex:
         joined = self._join_sibling_reductions(order, position, reads)
         if joined is not order:
             position = self._positions(joined)
-        fused = self._fuse_into_consumers(joined, position)
+        fused = self._fuse_into_consumers(joined, position, realised)
         position = self._positions(fused)
         together, groups = self._join_sibling_pointwise(fused, position, realised, reads)
         kernel_end: dict[int, int] = {}
@@ -251,7 +251,7 @@ class GraphIndex:
             }
         kinds = self.kinds
         shared = tuple(v for v in fused if kinds[v] == RANDOM or realised[v])
-        materialised = self._materialised(fused, position)
+        materialised = self._materialised(fused, position, realised)
         return PhaseOrder(tuple(fused), position, materialised, shared, kernel_end, sole_inputs)
 
     def _positions(self, order: Sequence[int]) -> list[int]:
@@ -500,19 +500,21 @@ class GraphIndex:
                 found |= self._kernel_reads(p, joined, position, realised)
         return found
 
-    def _fuse_into_consumers(self, order: list[int], position: list[int]) -> list[int]:
+    def _fuse_into_consumers(self, order: list[int], position: list[int], realised: bytearray) -> list[int]:
         """``order`` with each pointwise value moved to just before its first consumer in the phase.
 
         Inductor computes a pointwise value inside the kernel of its consumer,
         so it runs (and its inputs stay alive) until that kernel, not at its
         own place in the graph.  Chains of pointwise values move together, in
-        graph order.  ``position`` is ``order``'s.
+        graph order.  A value realised for several readers (``realised``) is a
+        buffer Inductor computes at its own place, as it does a reduction.
+        ``position`` is ``order``'s.
         """
         inlined_inputs = self.inlined_inputs
         deferred = bytearray(self.n)
         for i in order:
             for p in inlined_inputs[i]:
-                if position[p] >= 0:
+                if position[p] >= 0 and not realised[p]:
                     deferred[p] = 1
         placed = bytearray(self.n)
         result: list[int] = []
@@ -539,8 +541,12 @@ class GraphIndex:
         result.extend(v for v in order if deferred[v] and not placed[v])
         return result
 
-    def _heavy(self, i: int, position: list[int]) -> bool:
-        """Whether the pointwise chain ending at ``i`` is too big for Inductor to inline twice."""
+    def _heavy(self, i: int, position: list[int], realised: bytearray) -> bool:
+        """Whether the pointwise chain ending at ``i`` is too big for Inductor to inline twice.
+
+        The chain stops at realised values: the chain loads them, as it loads
+        buffers, instead of computing what they read.
+        """
         inputs, kinds = self.inputs, self.kinds
         ops: set[int] = set()
         leaves: set[int] = set()
@@ -551,7 +557,7 @@ class GraphIndex:
                 continue
             ops.add(value)
             for p in inputs[value]:
-                if position[p] >= 0 and kinds[p] == FUSIBLE:
+                if position[p] >= 0 and kinds[p] == FUSIBLE and not realised[p]:
                     stack.append(p)
                 elif kinds[p] != FREE:
                     leaves.add(p)
@@ -559,7 +565,7 @@ class GraphIndex:
                 return True
         return False
 
-    def _materialised(self, order: Sequence[int], position: list[int]) -> bytearray:
+    def _materialised(self, order: Sequence[int], position: list[int], realised: bytearray) -> bytearray:
         """The values of the phase that allocate, whatever the plan keeps (kept and shared values come later)."""
         kinds, inlined_inputs, readers = self.kinds, self.inlined_inputs, self.readers
         result = bytearray(self.n)
@@ -577,7 +583,7 @@ class GraphIndex:
                     if position[p] >= 0 and not result[p]:
                         if p not in heavy:
                             shared = sum(1 for r in readers[p] if position[r] >= 0) > 1
-                            heavy[p] = shared and self._heavy(p, position)
+                            heavy[p] = shared and self._heavy(p, position, realised)
                         if heavy[p]:
                             result[p] = 1
         return result
