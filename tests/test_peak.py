@@ -305,6 +305,32 @@ def test_a_concatenation_on_the_cpu_is_a_buffer_its_pointwise_inputs_are_written
     assert [graph.names[source] for source, into in graph.concat_inputs if into == cat] == ["relu"]
 
 
+class _ResidualNorm(nn.Module):
+    """A residual sum that a LayerNorm and a later product read: ``out(norm(r)) + skip(x) * r``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.out, self.skip = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r = self.lin(x) + x
+        return self.out(self.norm(r)) + self.skip(x) * r
+
+
+def test_var_mean_reads_its_input_inlined_as_inductor_generates_it() -> None:
+    # var_mean returns a tuple, but it is Inductor's Welford reduction, not a library call: the
+    # residual sum r is computed inside each kernel that reads it and never allocates.
+    joint = trace_joint(_ResidualNorm(), torch.randn(64, 16))
+    graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    kinds = dict(zip(graph.names, graph.kinds))
+    assert kinds["var_mean"] is Materialise.REDUCTION and kinds["addmm"] is Materialise.BUFFER
+    addmm = graph.names.index("addmm")
+    # at the output projection: lin's output (saved), the normalised input and the projection,
+    # 64 x 16 floats each; a materialised r would be a fourth
+    assert forward_peak(graph, saved=(addmm,)) == 3 * 64 * 16 * 4
+
+
 def test_gradients_stay_alive_to_the_end() -> None:
     graph = chain(3)
     prediction = simulate_peak(graph, saved=(1, 2, 3), recomputed=())

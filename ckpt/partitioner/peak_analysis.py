@@ -79,11 +79,16 @@ def _kind(node: fx.Node, analysis: JointAnalysis, backward: bool) -> Materialise
         return Materialise.FUSIBLE if node.name in analysis.copied_inputs else Materialise.FREE
     if node.op != "call_function":
         return Materialise.FREE
+    estimate = analysis.estimates.get(node.name)
     if isinstance(value, (tuple, list)):
-        return Materialise.BUFFER  # its outputs allocate where they are picked out
+        # Its outputs allocate where they are picked out. One that Inductor generates (var_mean's
+        # Welford reduction, a pooling's values and offsets) reads its pointwise inputs inlined,
+        # as a reduction does; a library call reads them materialised.
+        if estimate is not None and estimate.kind is OpKind.FUSIBLE:
+            return Materialise.REDUCTION
+        return Materialise.BUFFER
     if not isinstance(value, torch.Tensor):
         return Materialise.FREE
-    estimate = analysis.estimates.get(node.name)
     if node.target in _CONCATS and value.device.type == "cpu":
         return Materialise.BUFFER  # a ConcatKernel: its own buffer, whoever reads it (see _concat_inputs)
     if compat.is_inductor_random(node.target):
