@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from ckpt.partitioner import Plan, Problem, ProblemError, evaluate, solve, solve_exhaustive
 from ckpt.partitioner.maxflow import INFINITE, FlowNetwork
 from ckpt.partitioner.min_cut import CutNetwork
+from ckpt.partitioner.plan import make_plan
 from ckpt.partitioner.problem import NearbyPlans, recompute_closure
 
 
@@ -110,6 +111,17 @@ def test_budget_below_minimum_returns_the_leanest_plan():
     assert plan.over_budget
     assert plan.minimum_bytes == 25  # only the mask has to stay
     assert {RANDOM.names[i] for i in plan.saved} == {"x", "mask"}
+
+
+def test_a_plan_keeps_no_saved_value_the_backward_never_reads():
+    # Nothing is recomputed when a, b and c are saved, so nothing reads x: the compiled step would not keep it.
+    plan = make_plan(CHAIN, {0, 1, 2, 3}, "test", optimal=False)
+    assert plan.saved == (1, 2, 3) and plan.time == 60
+    plan = make_plan(DIAMOND, {1, 2, 3, 4}, "test", optimal=False)
+    assert plan.saved == (2, 3, 4)  # a is read by no recomputed value
+    assert (plan.time, plan.bytes) == evaluate(DIAMOND, {2, 3, 4})[:2]
+    plan = make_plan(DIAMOND, {1, 4}, "test", optimal=False)
+    assert plan.saved == (1, 4) and plan.recomputed == (2, 3)  # b and c recomputed from a
 
 
 def test_evaluate_rejects_plans_that_break_constraints():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from ckpt.partitioner.problem import Problem, evaluate
+from ckpt.partitioner.problem import Problem, evaluate, recompute_closure
 
 __all__ = ["Plan", "make_plan"]
 
@@ -51,7 +51,13 @@ class Plan:
 
 
 def make_plan(problem: Problem, saved: frozenset[int] | set[int], solver: str, **extra: object) -> Plan:
-    """Evaluate ``saved`` on ``problem`` and wrap it as a :class:`Plan`."""
+    """Evaluate ``saved`` on ``problem`` and wrap it as a :class:`Plan`.
+
+    A value in ``saved`` that the backward never reads (not needed, and read by
+    no recomputed value) is dropped: the compiled graph would not keep it, so a
+    plan that counted its bytes would report more memory than the step holds.
+    """
+    saved = _read_by_backward(problem, saved)
     time, memory, recomputed = evaluate(problem, saved)
     return Plan(
         saved=tuple(sorted(saved)),
@@ -61,3 +67,11 @@ def make_plan(problem: Problem, saved: frozenset[int] | set[int], solver: str, *
         solver=solver,
         **extra,  # type: ignore[arg-type]
     )
+
+
+def _read_by_backward(problem: Problem, saved: frozenset[int] | set[int]) -> frozenset[int]:
+    """The members of ``saved`` that the backward reads, directly or through a recomputed value."""
+    read = set(problem.needed_values)
+    for r in recompute_closure(problem, saved):
+        read.update(problem.inputs[r])
+    return frozenset(i for i in saved if i in read)
