@@ -96,10 +96,15 @@ def _heavy(graph: PeakGraph, i: int, members: set[int], realised: set[int]) -> b
 
 
 def _inputs_read(
-    graph: PeakGraph, i: int, inlined: Callable[[int], bool], reads_of: Callable[[int], set[int]]
+    graph: PeakGraph,
+    i: int,
+    inlined: Callable[[int], bool],
+    reads_of: Callable[[int], set[int]],
+    seeds: bool = False,
 ) -> set[int]:
     """The buffers ``i``'s kernel reads: inputs that allocate (parameters with bytes too) as themselves,
-    a pointwise input that is ``inlined`` through what it reads (``reads_of``), an inlined random draw as nothing.
+    a pointwise input that is ``inlined`` through what it reads (``reads_of``), an inlined random draw
+    through its seed with ``seeds`` (as Inductor counts reads to realise), else as nothing.
     """
     found: set[int] = set()
     for p in graph.inputs[i]:
@@ -109,7 +114,7 @@ def _inputs_read(
                 found.add(p)
         elif kind not in _INLINED or not inlined(p):
             found.add(p)
-        elif kind is Materialise.FUSIBLE:
+        elif kind is Materialise.FUSIBLE or seeds:
             found |= reads_of(p)
     return found
 
@@ -121,18 +126,23 @@ def _reads(graph: PeakGraph, order: Sequence[int]) -> tuple[set[int], dict[int, 
     allocate (or come from the other phase, or are parameters), and the reads
     of the pointwise inputs inlined into it; a pointwise value that more than
     one value of the phase reads is realised (it becomes its readers' only
-    read) when it would read more than ``_REALIZE_READS`` buffers.
+    read) when it would read more than ``_REALIZE_READS`` buffers, or computes
+    one of ``graph.heavy_ops`` inline.
     """
     members = set(order)
     realised: set[int] = set()
     reads: dict[int, set[int]] = {}
+    heavy = set(graph.heavy_ops)  # values that compute a heavy op inline
     for i in order:
         kind = graph.kinds[i]
-        if kind is not Materialise.FUSIBLE and kind is not Materialise.REDUCTION:
+        if kind not in (Materialise.FUSIBLE, Materialise.REDUCTION, Materialise.RANDOM):
             continue
-        found = _inputs_read(graph, i, lambda p: p in members and p not in realised, reads.__getitem__)
+        found = _inputs_read(graph, i, lambda p: p in members and p not in realised, reads.__getitem__, seeds=True)
+        inlined = [p for p in graph.inputs[i] if graph.kinds[p] is Materialise.FUSIBLE and p in members]
+        if any(p in heavy and p not in realised for p in inlined):
+            heavy.add(i)
         users = sum(1 for r in order if i in graph.inputs[r])
-        if kind is Materialise.FUSIBLE and len(found) > _REALIZE_READS and users > 1:
+        if kind is Materialise.FUSIBLE and (len(found) > _REALIZE_READS or i in heavy) and users > 1:
             realised.add(i)
             found = {i}
         reads[i] = found

@@ -183,6 +183,19 @@ def test_a_pointwise_value_reading_many_buffers_is_realised_for_its_two_kernels(
     assert realised.forward_bytes == 5 * 10
 
 
+def test_a_random_draw_counts_its_seed_among_the_reads_that_realise_a_value() -> None:
+    # s reads four buffers and a dropout draw r inlined into it; the draw loads its seed from the
+    # seeds buffer, so s reads five and Inductor realises it: the b's die at s's kernel. Counting
+    # the draw as no read, s would be inlined into u and v and the b's would live until v.
+    R = Materialise.RANDOM
+    names = ["seed", "b0", "b1", "b2", "b3", "r", "s", "u", "L1", "v", "L2"]
+    kinds = [B, B, B, B, B, R, F, F, B, F, B]
+    inputs: list[tuple[int, ...]] = [(), (), (), (), (), (0,), (1, 2, 3, 4, 5), (6,), (7,), (6,), (9, 8)]
+    prediction = simulate_peak(forward_only(names, kinds, inputs), saved=(), recomputed=())
+    assert prediction.forward_bytes == 5 * 10  # the seeds and the four b's, before s's kernel
+    assert "u" not in dict(prediction.alive)
+
+
 def test_a_value_realised_for_several_readers_runs_at_its_own_place() -> None:
     # r reads five buffers and has two readers, so Inductor realises it where the graph computes it,
     # before the library call big: its inputs die there. (Computed at its first reader s instead,
@@ -209,6 +222,36 @@ def test_a_reductions_shared_input_reading_a_realised_value_stays_inlined() -> N
     prediction = simulate_peak(forward_only(names, kinds, inputs, sizes), saved=(), recomputed=())
     assert prediction.forward_bytes == 10 + 5 * 2  # r written while its five inputs are alive
     assert prediction.node == "r" and "w" not in dict(prediction.alive)
+
+
+def test_a_heavy_op_read_by_several_values_is_realised_on_the_cpu() -> None:
+    # s = sigmoid(x) feeds two pointwise values, each read by its own library call. Inlined, s keeps
+    # x (20 bytes) alive until the second kernel; Inductor's CPU code realises a reused value that
+    # computes a heavy op (exp, log, sigmoid, tanh), so x dies where s is written.
+    names = ["x", "s", "y1", "p1", "L1", "y2", "p2", "L2", "out"]
+    kinds = [B, F, B, F, B, B, F, B, B]
+    inputs: list[tuple[int, ...]] = [(), (0,), (), (1, 2), (3,), (), (1, 5), (6,), (4, 7)]
+    graph = forward_only(names, kinds, inputs, [20] + [10] * 7 + [1])
+    inlined = simulate_peak(graph, saved=(), recomputed=())
+    assert inlined.forward_bytes == 20 + 10 + 10 and dict(inlined.alive)["x"] == 20  # at y2
+    realised = simulate_peak(dataclasses.replace(graph, heavy_ops=frozenset({1})), saved=(), recomputed=())
+    assert realised.forward_bytes == 20 + 10 and realised.node == "s"
+
+
+class _SwiGLU(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(16, 32), nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def test_silus_exp_and_sigmoid_are_heavy_ops_on_the_cpu() -> None:
+    # SiLU's forward computes x / (1 + exp(-x)) and its backward sigmoid(x): both heavy, nothing else
+    joint = trace_joint(_SwiGLU(), torch.randn(8, 16))
+    graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    assert {graph.names[i] for i in graph.heavy_ops} == {"exp", "sigmoid"}
 
 
 def test_a_freed_buffer_is_held_for_a_later_buffer_of_its_size() -> None:
@@ -600,6 +643,7 @@ def graphs_and_plans(draw: st.DrawFn, kernels: bool = False) -> tuple[PeakGraph,
         scratch=tuple(draw(st.lists(st.integers(0, 30), min_size=n, max_size=n))) if draw(st.booleans()) else (),
         out_buffers=frozenset(draw(values)),
         concats=frozenset(draw(values)),
+        heavy_ops=frozenset(draw(values)),
     )
     return graph, sorted(draw(values)), sorted(draw(values))
 

@@ -129,6 +129,9 @@ class PeakGraph:
     out_buffers: frozenset[int] = frozenset()  # library calls that write into a buffer Inductor allocates (mm)
     concat_inputs: tuple[tuple[int, int], ...] = ()  # (input, cat): a pointwise input written into the cat's buffer
     concats: frozenset[int] = frozenset()  # ConcatKernel outputs: no kernel writes in place of them
+    # Pointwise values whose own op Inductor's CPU code counts as heavy (exp, log, sigmoid, tanh): a
+    # value that computes one inline is realised once several values read it.
+    heavy_ops: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -212,6 +215,7 @@ class _Simulator:
             graph.required,
             graph.outputs,
             graph.tangents,
+            graph.heavy_ops,
         )
         n = len(graph)
         free = [kind is Materialise.FREE for kind in graph.kinds]

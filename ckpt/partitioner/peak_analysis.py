@@ -65,6 +65,20 @@ _OUT_CALLS = frozenset(
 # Concatenations, which Inductor lowers on the CPU to a ConcatKernel with a buffer of its own.
 _CONCATS = frozenset({torch.ops.aten.cat.default, torch.ops.aten.stack.default})
 
+# Ops Inductor's CPU code counts as heavy: a pointwise value computing one inline is realised when
+# several values read it (``StorageBox.should_realize_on_reuse``).
+_CPU_HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
+
+
+def _cpu_heavy(node: fx.Node) -> bool:
+    target, value = node.target, node.meta.get("val")
+    return (
+        isinstance(target, torch._ops.OpOverload)
+        and target.overloadpacket.__name__ in _CPU_HEAVY_OPS
+        and isinstance(value, torch.Tensor)
+        and value.device.type == "cpu"
+    )
+
 
 def _is_reduction(node: fx.Node) -> bool:
     return compat.is_reduction_op(node.target)
@@ -230,6 +244,7 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         out_buffers=frozenset(out_buffers),
         concat_inputs=concat_inputs,
         concats=concats,
+        heavy_ops=frozenset(i for i, n in enumerate(nodes) if kinds[i] is Materialise.FUSIBLE and _cpu_heavy(n)),
     )
 
 

@@ -76,9 +76,13 @@ class GraphIndex:
         required: Sequence[bool],
         outputs: Iterable[int],
         tangents: Iterable[int],
+        heavy_ops: Iterable[int] = (),
     ) -> None:
         n = len(inputs)
         self.n = n
+        self.heavy_ops = bytearray(n)  # pointwise ops Inductor counts as heavy on the CPU
+        for i in heavy_ops:
+            self.heavy_ops[i] = 1
         self.inputs = inputs
         self.kinds = kinds
         self.nbytes = nbytes
@@ -96,7 +100,8 @@ class GraphIndex:
                     if kinds[p] == FUSIBLE:
                         library_readers[p] += (i,)
         self.library_readers = library_readers
-        self.reads_buffers = bytearray(k == FUSIBLE or k == REDUCTION for k in kinds)  # Inductor's own kernels
+        # Inductor's own kernels, and the random draws inlined into them
+        self.reads_buffers = bytearray(k == FUSIBLE or k == REDUCTION or k == RANDOM for k in kinds)
         # What a pointwise value or a reduction reads: buffers and parameters always, a pointwise or
         # random input through its own reads when it is inlined (in the phase and not realised).
         self._reads_of = [
@@ -105,7 +110,7 @@ class GraphIndex:
                 for p in preds
                 if kinds[p] != FREE or nbytes[p] > 0
             )
-            if kinds[i] == FUSIBLE or kinds[i] == REDUCTION
+            if self.reads_buffers[i]
             else ()
             for i, preds in enumerate(inputs)
         ]
@@ -268,8 +273,9 @@ class GraphIndex:
         parameters), and the reads of the pointwise inputs inlined into it.
         Inductor inlines a pointwise value into each of its readers, unless
         more than one value of the graph reads it and it would read more than
-        ``realize_reads_threshold`` buffers: then it is realised, and its
-        readers read it instead.  The residual stream of a recomputed stack is
+        ``realize_reads_threshold`` buffers, or (on the CPU) it computes a
+        heavy op (exp, log, sigmoid, tanh: ``heavy_ops``) inline: then it is
+        realised, and its readers read it instead.  The residual stream of a recomputed stack is
         realised every few layers so.  Whether a realised value allocates
         depends on the kernels that read it (see ``PhaseOrder.shared``).
         ``reads`` holds the reads of the phase's pointwise values and
@@ -277,6 +283,7 @@ class GraphIndex:
         """
         readers, reads_of = self.readers, self._reads_of
         realised = bytearray(self.n)
+        heavy = bytearray(self.heavy_ops)  # computes a heavy op inline
         reads: dict[int, set[int]] = {}  # never changed once made
         for i in itertools.compress(order, map(self.reads_buffers.__getitem__, order)):
             found: set[int] = set()
@@ -285,8 +292,11 @@ class GraphIndex:
                     found.add(p)
                 elif code == _READ_INLINED:
                     found.update(reads[p])
-                # a random draw inlined into its reader reads no buffer
-            if len(found) > _REALIZE_READS and self.is_fusible[i]:
+                    if heavy[p]:
+                        heavy[i] = 1
+                else:  # an inlined random draw loads its seed from the seeds buffer
+                    found.update(reads[p])
+            if (len(found) > _REALIZE_READS or heavy[i]) and self.is_fusible[i]:
                 users = 0
                 for r in readers[i]:
                     if position[r] >= 0:
