@@ -513,6 +513,18 @@ def test_budget_alone_takes_the_lowest_peak_among_equally_fast_plans() -> None:
     assert result.prediction.peak_bytes <= predicted(graph, plain)
 
 
+def test_budget_alone_finds_lower_peaks_the_walk_does_not_reach_at_the_same_time() -> None:
+    # Twelve layers within 40 bytes: the solver's plan holds the chain at 131 bytes; one pin at a time
+    # lowers it to 95 in the tie-break's two steps; the segment plans (boundaries saved at once), walked
+    # on from the lowest, reach 64, recomputing as much as the fastest plan.
+    problem, graph = chain_problem(12)
+    fastest = solve(problem, 40)
+    result = budget_peak(problem, graph, solver_for(problem), 40, slack=0)
+    assert predicted(graph, fastest) == 131
+    assert result.search.plan.bytes <= 40 and result.search.plan.time <= fastest.time
+    assert result.search.prediction.peak_bytes == predicted(graph, result.search.plan) == 64
+
+
 @given(layers=st.integers(2, 14), budget=st.integers(0, 140), smaller=st.integers(0, 140))
 def test_a_budget_never_raises_the_peak_above_larger_budgets_unless_it_says_so(layers, budget, smaller) -> None:
     problem, graph = chain_problem(layers)

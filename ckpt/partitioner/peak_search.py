@@ -29,10 +29,11 @@ plan within the cap, since its plans only get slower).  A smaller cap
 searches further, so the predicted peak falls with the cap.
 :func:`lowest_peak_within` is the tie-break under a budget alone: among the
 walk's plans within the budget and a time limit (the 1% slack), the lowest
-peak.  :func:`budget_peak` adds the guard that makes a smaller budget not
-raise the peak while it can avoid it: if the tie-break's plan peaks above the
-plans at larger budgets (a fixed ladder of them, and no budget), the first
-plan of the capped search that does not.  A walk stops when no alive value
+peak; :func:`budget_peak` continues it from the segment plans, and adds the
+guard that makes a smaller budget not raise the peak while it can avoid it:
+if the tie-break's plan peaks above the plans at larger budgets (a fixed
+ladder of them, and no budget), the first plan of the capped search that
+does not.  A walk stops when no alive value
 lowers the peak, when the peak is in the forward (saving more cannot lower
 it), when pinned values alone exceed the budget, or after ``max_steps``.
 
@@ -278,10 +279,11 @@ def lowest_peak_within(
     budget_bytes: int | None,
     max_time: int,
     max_steps: int = TIE_BREAK_STEPS,
+    pinned: frozenset[int] = frozenset(),
 ) -> PeakSearchResult:
     """Among the walk's plans within the budget and ``max_time``, the one with the lowest peak.
 
-    The walk's first plan is the solver's; the walk stops at the first plan
+    The walk's first plan is the solver's (``pinned`` saved); the walk stops at the first plan
     slower than ``max_time`` (pinning more only adds constraints), or after
     ``max_steps`` pins.  A later plan replaces the best one only if it lowers
     the predicted peak by more than ``PEAK_RESOLUTION`` of it: smaller
@@ -290,7 +292,7 @@ def lowest_peak_within(
     """
     best: tuple[Plan, PeakPrediction] | None = None
     steps = -1
-    for plan, prediction in peak_walk(problem, graph, solve_fn, budget_bytes, max_steps=max_steps):
+    for plan, prediction in peak_walk(problem, graph, solve_fn, budget_bytes, max_steps=max_steps, pinned=pinned):
         steps += 1
         if best is None:  # the solver's own plan
             best = (plan, prediction)
@@ -303,6 +305,42 @@ def lowest_peak_within(
             best = (plan, prediction)
     assert best is not None
     return PeakSearchResult(best[0], best[1], True, start, best[1].peak_bytes, steps)
+
+
+def _segment_tie_break(
+    problem: Problem,
+    graph: PeakGraph,
+    solve_fn: SolveFn,
+    budget_bytes: int | None,
+    max_time: int,
+    result: PeakSearchResult,
+) -> PeakSearchResult:
+    """The tie-break continued from the segment plans: ``result`` or a lower peak within ``max_time``.
+
+    The walk pins one value at a time, and a single boundary barely lowers
+    the peak while the others are missing; the segment plans save several at
+    once.  The one with the lowest peak within the budget and ``max_time``
+    is walked from, boundaries kept, for the tie-break's steps.  The solves
+    are the capped search's own, so a caching ``solve_fn`` shares them with
+    the guard.
+    """
+    fits = [
+        c
+        for c in segment_plans(problem, graph, solve_fn, budget_bytes)
+        if c.plan.time <= max_time and c.prediction.peak_bytes < result.prediction.peak_bytes * (1 - PEAK_RESOLUTION)
+    ]
+    if not fits:
+        return result
+    start = min(fits, key=lambda c: (c.prediction.peak_bytes, c.plan.time))
+    walked = lowest_peak_within(problem, graph, solve_fn, budget_bytes, max_time, pinned=start.pins)
+    return PeakSearchResult(
+        walked.plan,
+        walked.prediction,
+        True,
+        result.start_peak,
+        walked.prediction.peak_bytes,
+        result.steps + walked.steps,
+    )
 
 
 @dataclass(frozen=True)
@@ -326,7 +364,9 @@ def budget_peak(
     """The budget-alone rule: a smaller budget lowers saved bytes without raising the peak, where it can.
 
     1. The tie-break: among the walk's plans within the budget and within
-       ``slack`` picoseconds of the fastest, the lowest peak.
+       ``slack`` picoseconds of the fastest, the lowest peak; then, if a
+       segment plan within both peaks lower, the walk from the lowest of
+       them (:func:`_segment_tie_break`).
     2. The reference: the lowest predicted peak among the plan without a
        budget (its tie-break applied) and the solver's plans at the larger
        budgets of a fixed ladder (:data:`REFERENCE_RUNGS` of what the plan
@@ -346,6 +386,9 @@ def budget_peak(
     result = tie_break(budget_bytes)
     if budget_bytes is None:
         return BudgetPeakResult(result, result.prediction.peak_bytes, False)
+    result = _segment_tie_break(
+        problem, graph, solve_fn, budget_bytes, solve_fn(budget_bytes, frozenset()).time + slack, result
+    )
     free = tie_break(None)
     reference = free.prediction.peak_bytes
     for fraction in REFERENCE_RUNGS:
