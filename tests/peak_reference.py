@@ -289,10 +289,15 @@ def _join_sibling_pointwise(
         v
         for v in order
         if graph.kinds[v] is Materialise.FUSIBLE
-        and v not in realised
         and any(v in graph.inputs[r] and graph.kinds[r] is Materialise.BUFFER for r in members)
     ]
-    sources = {v: _sources(graph, reads[v]) for v in candidates}
+
+    # a realised value is its readers' only read; its own kernel reads what it is computed from
+    def own_reads(v: int) -> set[int]:
+        return _inputs_read(graph, v, lambda p: p in members and p not in realised, own_reads)
+
+    own = {v: own_reads(v) if v in realised else reads[v] for v in candidates}
+    sources = {v: _sources(graph, own[v]) for v in candidates}
     target: dict[int, int] = {}
     for v in candidates:
         siblings = [position[u] for u in candidates if sources[u] & sources[v]]

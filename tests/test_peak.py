@@ -269,6 +269,23 @@ def test_a_freed_buffer_is_held_for_a_later_buffer_of_its_size() -> None:
     assert out.forward_bytes == held.forward_bytes
 
 
+def test_a_realised_value_joins_its_pointwise_sibling_in_one_kernel() -> None:
+    # r = f(x, m) computes a heavy op and two library calls read it, so Inductor realises it; a = g(x)
+    # feeds the library call L1. A realised value is still a kernel the scheduler fuses with its
+    # siblings: a and r run in one kernel at r's place (as a GELU and its gradient in a recomputed
+    # MLP's backward), L1 waits for it, and x and m die there instead of living through L1.
+    names = ["x", "m", "a", "L1", "r", "L2", "L3", "out"]
+    kinds = [B, B, F, B, F, B, B, B]
+    inputs: list[tuple[int, ...]] = [(), (), (0,), (2,), (0, 1), (4,), (4,), (3, 5, 6)]
+    graph = dataclasses.replace(
+        forward_only(names, kinds, inputs, [10, 10, 10, 100, 10, 1, 1, 1]), heavy_ops=frozenset({4})
+    )
+    prediction = simulate_peak(graph, saved=(), recomputed=())
+    assert prediction.node == "L1" and prediction.forward_bytes == 100 + 10 + 10  # L1, a and r
+    assert "x" not in dict(prediction.alive) and "m" not in dict(prediction.alive)
+    assert prediction == reference.simulate_peak(graph, (), ())
+
+
 def test_pointwise_siblings_run_in_one_kernel_and_their_readers_wait() -> None:
     # a = gelu(h) is read by the weight gradient W; d = gelu'(g, h) by the input gradient X.  Inductor
     # fuses a into d's kernel (both read h), so W waits for d, and h, a and d are alive at once.  d

@@ -385,13 +385,17 @@ class GraphIndex:
         """
         inputs, library_readers = self.inputs, self.library_readers
         candidates = [
-            k
-            for k, v in enumerate(order)
-            if library_readers[v] and not realised[v] and any(position[r] >= 0 for r in library_readers[v])
+            k for k, v in enumerate(order) if library_readers[v] and any(position[r] >= 0 for r in library_readers[v])
         ]
         if len(candidates) < 2:
             return order, {}
-        sources = {k: self._sources(reads[order[k]]) for k in candidates}
+        # a realised value is its readers' only read; its own kernel reads what it is computed from
+        sources = {
+            k: self._sources(
+                self._kernel_reads(order[k], {}, position, realised) if realised[order[k]] else reads[order[k]]
+            )
+            for k in candidates
+        }
         last: dict[int, int] = {}  # source -> position of the last candidate that reads it
         for k in candidates:
             for b in sources[k]:
