@@ -379,17 +379,15 @@ def budget_peak(
        of the two peaks is kept and ``raises_peak`` says so.
     """
 
-    def tie_break(budget: int | None) -> PeakSearchResult:
-        fastest = solve_fn(budget, frozenset())
-        return lowest_peak_within(problem, graph, solve_fn, budget, fastest.time + slack)
+    def time_limit(budget: int | None) -> int:
+        return solve_fn(budget, frozenset()).time + slack  # the fastest plan's time, plus the slack
 
-    result = tie_break(budget_bytes)
+    max_time = time_limit(budget_bytes)
+    result = lowest_peak_within(problem, graph, solve_fn, budget_bytes, max_time)
     if budget_bytes is None:
         return BudgetPeakResult(result, result.prediction.peak_bytes, False)
-    result = _segment_tie_break(
-        problem, graph, solve_fn, budget_bytes, solve_fn(budget_bytes, frozenset()).time + slack, result
-    )
-    free = tie_break(None)
+    result = _segment_tie_break(problem, graph, solve_fn, budget_bytes, max_time, result)
+    free = lowest_peak_within(problem, graph, solve_fn, None, time_limit(None))
     reference = free.prediction.peak_bytes
     for fraction in REFERENCE_RUNGS:
         rung = int(free.plan.bytes * fraction)

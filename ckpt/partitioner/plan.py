@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from ckpt.partitioner.problem import Problem, evaluate, recompute_closure
+from ckpt.partitioner.problem import Problem, evaluate
 
 __all__ = ["Plan", "make_plan"]
 
@@ -57,21 +57,17 @@ def make_plan(problem: Problem, saved: frozenset[int] | set[int], solver: str, *
     no recomputed value) is dropped: the compiled graph would not keep it, so a
     plan that counted its bytes would report more memory than the step holds.
     """
-    saved = _read_by_backward(problem, saved)
     time, memory, recomputed = evaluate(problem, saved)
+    # Dropping what nothing reads leaves the recompute closure as it is: only their own costs go.
+    read = set(problem.needed_values).union(*(problem.inputs[r] for r in recomputed))
+    unread = [i for i in saved if i not in read]
+    time -= sum(problem.save_time[i] for i in unread)
+    memory -= sum(problem.save_bytes[i] for i in unread)
     return Plan(
-        saved=tuple(sorted(saved)),
+        saved=tuple(sorted(set(saved).difference(unread))),
         recomputed=tuple(sorted(recomputed)),
         time=time,
         bytes=memory,
         solver=solver,
         **extra,  # type: ignore[arg-type]
     )
-
-
-def _read_by_backward(problem: Problem, saved: frozenset[int] | set[int]) -> frozenset[int]:
-    """The members of ``saved`` that the backward reads, directly or through a recomputed value."""
-    read = set(problem.needed_values)
-    for r in recompute_closure(problem, saved):
-        read.update(problem.inputs[r])
-    return frozenset(i for i in saved if i in read)
