@@ -26,7 +26,7 @@ import functools
 import inspect
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -602,24 +602,39 @@ def rng_state_bytes(value: Any) -> int:
 
 def aot_module_without_kernels(
     module: torch.nn.Module, partition_fn: Any, *, keep_inference_input_mutations: bool = False
-) -> Any:
+) -> Callable[..., Any]:
     """``module`` through AOTAutograd with Inductor's decompositions and no-op compilers.
 
     The joint graph reaches ``partition_fn`` as Inductor's partitioner would
     see it, and no kernel is compiled, so tracing takes well under a second.
+    Tied parameters and shared buffers are graph inputs once, as Dynamo lifts
+    them: torch's ``aot_module`` passes each of their names and
+    ``functional_call`` refuses tied names given twice.
     """
-    from torch._functorch.aot_autograd import aot_module
+    from torch._dynamo.utils import assert_no_fake_params_or_buffers
+    from torch._functorch.aot_autograd import aot_function
     from torch._functorch.compilers import nop
     from torch._inductor.decomposition import select_decomp_table
 
-    return aot_module(
-        module,
+    assert_no_fake_params_or_buffers(module)
+    params: dict[str, torch.Tensor] = dict(module.named_parameters())  # a tied tensor once, under its first name
+    buffers = dict(module.named_buffers())
+
+    def functional_call(
+        params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], *args: Any, **kwargs: Any
+    ) -> Any:
+        return torch.func.functional_call(module, {**params, **buffers}, args, kwargs, tie_weights=True)
+
+    traced = aot_function(
+        functional_call,
         fw_compiler=nop,
         bw_compiler=nop,
         partition_fn=partition_fn,
         decompositions=select_decomp_table(),
+        num_params_buffers=len(params) + len(buffers),
         keep_inference_input_mutations=keep_inference_input_mutations,
     )
+    return functools.partial(traced, params, buffers)
 
 
 def aot_simplified_without_kernels(gm: fx.GraphModule, example_inputs: Sequence[Any], partition_fn: Any) -> Any:

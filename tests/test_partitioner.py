@@ -148,6 +148,49 @@ def test_the_fraction_reference_is_what_autograd_saves(name):
     assert saved.bytes > 0 and saved.bytes == analysis.reference_bytes - inputs
 
 
+class TiedLanguageModel(nn.Module):
+    """An embedding tied to the output head, and one buffer shared by two blocks (as rotary tables are)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
+        self.head = nn.Linear(16, 50, bias=False)
+        self.head.weight = self.embed.weight
+        scale = torch.linspace(0.5, 1.5, 16)
+        for block in self.blocks:
+            block.register_buffer("scale", scale)
+
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        for block in self.blocks:
+            h = h + torch.tanh(block(h)) * block.scale
+        return F.cross_entropy(self.head(h).flatten(0, 1), tokens.flatten())
+
+
+@pytest.mark.compat
+def test_a_model_with_tied_weights_and_shared_buffers_traces_with_each_tensor_once():
+    """torch's aot_module refuses tied names; the tracer lifts each tensor once and its gradients match eager."""
+    torch.manual_seed(0)
+    model = TiedLanguageModel()
+    tokens = torch.randint(0, 50, (4, 8))
+    joint = trace_joint(model, tokens)
+    primals = [n for n in joint.graph.graph.nodes if n.op == "placeholder" and compat.is_primal(n)]
+    # embed (tied to head), two blocks' weight and bias, the shared buffer, the tokens
+    assert len(primals) == 1 + 4 + 1 + 1
+
+    model(tokens).backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+
+    def default_partition(gm, joint_inputs, *, num_fwd_outputs, **kwargs):
+        return compat.aot_default_partition(gm, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+
+    compat.aot_module_without_kernels(model, default_partition)(tokens).backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], msg=name)
+
+
 def test_a_view_s_symbolic_sizes_are_read_by_whatever_reads_the_view():
     """Recomputing past ``view(x, [s, 4])`` needs ``s`` in the backward, though only the view takes it."""
     graph = fx.Graph()
