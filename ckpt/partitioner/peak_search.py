@@ -289,14 +289,14 @@ def lowest_peak_within(
 ) -> PeakSearchResult:
     """Among the walk's plans within the budget and ``max_time``, the one with the lowest peak.
 
-    The walk's first plan is the solver's (``pinned`` saved); the walk stops at the first plan
-    slower than ``max_time`` (pinning more only adds constraints), or after
-    ``max_steps`` pins.  Each step tries the :data:`TIE_BREAK_CANDIDATES`
-    largest values alive at the peak (the capped search tries
-    :data:`MAX_CANDIDATES`): this runs on every graph.  A later plan replaces the best one only if it lowers
-    the predicted peak by more than ``PEAK_RESOLUTION`` of it: smaller
-    differences are below the peak model's accuracy, and they can cost saved
-    bytes.
+    The walk's first plan is the solver's (``pinned`` saved); the walk stops
+    at the first plan slower than ``max_time`` (pinning more only adds
+    constraints), or after ``max_steps`` pins.  Each step tries the
+    :data:`TIE_BREAK_CANDIDATES` largest values alive at the peak (the capped
+    search tries :data:`MAX_CANDIDATES`): this runs on every graph.  A later
+    plan replaces the best one only if it lowers the predicted peak by more
+    than ``PEAK_RESOLUTION`` of it: smaller differences are below the peak
+    model's accuracy, and they can cost saved bytes.
     """
     best: tuple[Plan, PeakPrediction] | None = None
     steps = -1
