@@ -56,6 +56,7 @@ __all__ = [
     "hash_for_files",
     "inductor_fallback_random",
     "is_inductor_random",
+    "is_inductor_seed_lookup",
     "inductor_layout_optimization",
     "inductor_lowering_tables",
     "inductor_mode_options",
@@ -160,6 +161,16 @@ def is_inductor_random(target: Any) -> bool:
     """
     random = getattr(torch.ops.prims, "inductor_random", None)
     return random is not None and target in (random, getattr(random, "default", None))
+
+
+def is_inductor_seed_lookup(target: Any) -> bool:
+    """Whether ``target`` picks one layer's seed from Inductor's seeds tensor (``prims.inductor_lookup_seed``).
+
+    Its index is a constant, and Inductor writes it into the source of every
+    kernel that computes the lookup inline.
+    """
+    lookup = getattr(torch.ops.prims, "inductor_lookup_seed", None)
+    return lookup is not None and target in (lookup, getattr(lookup, "default", None))
 
 
 def eager_rng_order_patches() -> dict[str, Any]:

@@ -89,7 +89,7 @@ class JointAnalysis:
     reference_saved: frozenset[int]  # what eager autograd saves: fractions are relative to this plan
     reference_bytes: int
     fixed_seconds: float  # estimated forward + backward time without saving or recomputing
-    reasons: dict[str, str]  # why a value cannot be saved or recomputed, by node name
+    reasons: dict[str, str]  # why a value cannot be saved or recomputed, by "<node name>:save" or ":recompute"
     forward_names: frozenset[str]  # call_function nodes of the forward side
     root_names: dict[str, str]  # view name -> name of the value whose storage it aliases
     save_bytes_exprs: tuple[Size, ...]  # save_bytes as expressions in the size symbols

@@ -20,7 +20,12 @@ leaves its data alone, so it does not count.
 global RNG (``Tag.nondeterministic_seeded``), is a collective (unless tagged
 ``MUST_RECOMPUTE``), mutates, has other side effects, reads a graph input that
 is mutated in or after the forward (the backward would read the new value), or carries a
-user ``MUST_SAVE``/``PREFER_SAVE`` tag.  It cannot be saved if it is not a
+user ``MUST_SAVE``/``PREFER_SAVE`` tag.  Nor is Inductor's seed lookup
+(``prims.inductor_lookup_seed``) recomputed, though it could be: a backward
+that regenerates a dropout mask reads the saved 8-byte seed instead, because
+Inductor writes the lookup's index into the source of the kernel that computes
+it inline, and a kernel per layer is a compile per layer (on a 28-layer GPT
+at budget 0.5, 56 of the backward's kernels).  It cannot be saved if it is not a
 tensor (a tuple), is a ``SymFloat``, is a graph input mutated in or after the forward, or
 carries a ``MUST_RECOMPUTE``/``PREFER_RECOMPUTE`` tag (``torch.utils.checkpoint``
 regions and selective-checkpoint policies).
@@ -241,6 +246,10 @@ def recompute_constraint(node: fx.Node, kind: OpKind, graph: JointGraph, kinds: 
         return "tagged MUST_SAVE/PREFER_SAVE"
     if kind is OpKind.RANDOM:
         return None if tag == "recompute" else "random op (draws from the global RNG)"
+    if compat.is_inductor_seed_lookup(node.target) and tag != "recompute":
+        # Inductor writes the lookup's index into the kernel that regenerates a random draw, so
+        # each layer would compile a backward kernel of its own; a saved seed is one read (8 bytes).
+        return "seed lookup (saved so that layers share their backward kernels)"
     if kind is OpKind.MUTATION:
         return "mutates an argument"
     if compat.has_side_effects(node):

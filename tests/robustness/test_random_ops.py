@@ -8,6 +8,8 @@ different mask on the next step.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch._inductor.config as inductor_config
@@ -157,3 +159,52 @@ def test_functionalized_rng_on_gpu_may_recompute_dropout():
     x = (torch.rand(8, DIM) + 0.5).cuda()
     with functorch_config.patch(functionalize_rng_ops=True):
         _check_mask_reuse(MaskProbe().cuda(), x)
+
+
+class DropoutStack(nn.Module):
+    """``depth`` identical blocks, each ``x + dropout(gelu(linear(x)))``; returns the loss."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(DIM, DIM) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + F.dropout(F.gelu(layer(x)), P_DROP, training=True)
+        return (x * x).sum()
+
+
+@pytest.mark.compat
+def test_blocks_that_regenerate_their_masks_share_one_backward_kernel():
+    """At budget 0 the backward draws every block's mask again, from the seed the forward saved.
+
+    Inductor writes a seed lookup's index into the kernel that computes it, so
+    a backward that looked its seeds up itself would compile one kernel per
+    block.  ckpt saves the looked-up seed (8 bytes) instead, and the blocks'
+    kernels are one.
+    """
+    from ckpt._torch_compat import compile_caches_disabled, run_and_get_code
+    from ckpt.records import record_partitions
+
+    depth = 4
+    torch.manual_seed(0)
+    model, x = DropoutStack(depth), torch.randn(8, DIM)
+    compiled = ckpt_compile(model, "0")
+
+    def step():
+        compiled(x).backward()
+
+    with inductor_config.patch(fallback_random=False), compile_caches_disabled(), record_partitions() as records:
+        _, codes = run_and_get_code(step)
+    (record,) = records
+    analysis, plan = record.analysis, record.plan
+    seeds = {i for i, node in enumerate(analysis.nodes) if "inductor_lookup_seed" in str(node.target)}
+    draws = {i for i, node in enumerate(analysis.nodes) if "inductor_random" in str(node.target)}
+    assert len(seeds) == len(draws) == depth
+    assert draws <= set(plan.recomputed), "budget 0 recomputes the draws"
+    assert seeds <= set(plan.saved), "the seeds the backward draws from are saved, not looked up again"
+    assert "seed lookup" in analysis.reasons[f"{analysis.nodes[min(seeds)].name}:recompute"]
+    pattern = r"(\w+) = async_compile\.cpp_pybinding\(.*?r?'''(.*?)'''\)"
+    backward = dict(re.findall(pattern, codes[-1], re.S))
+    regenerating = [body for body in backward.values() if "rand" in body]
+    assert 1 <= len(regenerating) < depth, sorted(backward)
