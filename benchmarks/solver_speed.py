@@ -3,7 +3,8 @@
 No Inductor compile: AOTAutograd traces the joint graph of a deep GPT-2 style
 transformer (``aot_module`` with the ``nop`` compilers and Inductor's
 decompositions) and hands it to a capturing partition function.  That
-function prepares the joint graph as the ckpt backend does, analyses it into
+function runs Inductor's joint-graph passes and prepares the joint graph as
+the ckpt backend does, analyses it into
 the plain-data problem, times :func:`ckpt.partitioner.solve` at every budget,
 and raises to stop the trace; the caller catches it.
 
@@ -164,7 +165,8 @@ def _markdown(rows: list[SolveRow], profile: DeviceProfile, effort: float) -> st
         "(the repair search's work limit; deterministic, not a time limit).",
         "",
         "Model: GPT-2 style (width 256, 4 heads, sequence 128, batch 8, dropout 0.1), traced by AOTAutograd with "
-        "Inductor's decompositions and no Inductor compile. *joint nodes*: FX nodes the partitioner receives. "
+        "Inductor's decompositions and joint-graph passes, and no Inductor compile. *joint nodes*: FX nodes the "
+        "partitioner receives. "
         "*proven gap*: (plan time - lower bound) / plan time of the plan's extra time. *below the smallest plan*: "
         "the budget is under the least memory any plan reaches (the random masks the backward needs), and the "
         "solver returns that least-memory plan.",

@@ -57,6 +57,7 @@ __all__ = [
     "inductor_fallback_random",
     "is_inductor_random",
     "is_inductor_seed_lookup",
+    "inductor_joint_graph_passes",
     "inductor_layout_optimization",
     "inductor_lowering_tables",
     "inductor_mode_options",
@@ -171,6 +172,31 @@ def is_inductor_seed_lookup(target: Any) -> bool:
     """
     lookup = getattr(torch.ops.prims, "inductor_lookup_seed", None)
     return lookup is not None and target in (lookup, getattr(lookup, "default", None))
+
+
+def inductor_joint_graph_passes(joint_module: fx.GraphModule) -> fx.GraphModule:
+    """Inductor's rewrites of a joint graph before it is partitioned: the graph its partitioner sees.
+
+    Pattern rewrites, and (without ``fallback_random``) random ops replaced by
+    draws from one seeds tensor (``prims.inductor_seeds``,
+    ``inductor_lookup_seed``, ``inductor_random``).
+    """
+    from torch._guards import detect_fake_mode
+    from torch._inductor import compile_fx
+    from torch._inductor.virtualized import V
+
+    values = [node.meta.get("val") for node in joint_module.graph.nodes if node.op == "placeholder"]
+    fake_mode = detect_fake_mode(values)
+    if fake_mode is None:
+        raise ValueError("inductor_joint_graph_passes: the joint graph's inputs carry no fake tensors ('val' meta)")
+    with V.set_fake_mode(fake_mode):
+        passes = getattr(compile_fx, "_recursive_joint_graph_passes", None)
+        if passes is not None:
+            return passes(joint_module)
+        from torch._inductor.fx_passes.joint_graph import joint_graph_passes
+
+        joint_graph_passes(joint_module)
+        return joint_module
 
 
 def eager_rng_order_patches() -> dict[str, Any]:

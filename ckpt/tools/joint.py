@@ -1,8 +1,10 @@
 """Trace a model's joint graph the way Inductor sees it, without compiling kernels.
 
 :func:`trace_joint` runs AOTAutograd with Inductor's decompositions and a
-partition function that captures the joint graph, prepares it as the ckpt
-partitioner does, and returns it with its analysis.  It takes well under a
+partition function that captures the joint graph, runs Inductor's joint-graph
+passes on it (as Inductor does before it calls the backend's partitioner: with
+Inductor's RNG, dropout becomes a seeded draw the backward may repeat),
+prepares it as the ckpt partitioner does, and returns it with its analysis.  It takes well under a
 second for small models, so the partitioner's tests and the solver benchmark
 need no C++ compile.
 """
@@ -64,6 +66,7 @@ def trace_joint(
     captured: list[Joint] = []
 
     def capture(gm: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any) -> Any:
+        gm = compat.inductor_joint_graph_passes(gm)  # Inductor's work, done before it calls the backend's partitioner
         raw_nodes = len(gm.graph.nodes)
         started = time.perf_counter()
         autograd_saved = autograd_saved_names(gm, num_fwd_outputs)
