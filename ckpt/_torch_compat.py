@@ -192,7 +192,8 @@ def inductor_joint_graph_passes(joint_module: fx.GraphModule) -> fx.GraphModule:
     with V.set_fake_mode(fake_mode):
         passes = getattr(compile_fx, "_recursive_joint_graph_passes", None)
         if passes is not None:
-            return passes(joint_module)
+            rewritten = passes(joint_module)
+            return joint_module if rewritten is None else rewritten  # torch 2.9 rewrites in place
         from torch._inductor.fx_passes.joint_graph import joint_graph_passes
 
         joint_graph_passes(joint_module)

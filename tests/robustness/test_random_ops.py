@@ -206,5 +206,6 @@ def test_blocks_that_regenerate_their_masks_share_one_backward_kernel():
     assert "seed lookup" in analysis.reasons[f"{analysis.nodes[min(seeds)].name}:recompute"]
     pattern = r"(\w+) = async_compile\.cpp_pybinding\(.*?r?'''(.*?)'''\)"
     backward = dict(re.findall(pattern, codes[-1], re.S))
-    regenerating = [body for body in backward.values() if "rand" in body]
+    # Distinct sources: each is compiled once (torch 2.9 names a repeated source again, later ones reuse it).
+    regenerating = {body for body in backward.values() if "rand" in body}
     assert 1 <= len(regenerating) < depth, sorted(backward)
