@@ -160,8 +160,13 @@ def is_inductor_random(target: Any) -> bool:
     when ``fallback_random`` is off; its lowering always realises the draw,
     in float32.
     """
-    random = getattr(torch.ops.prims, "inductor_random", None)
-    return random is not None and target in (random, getattr(random, "default", None))
+    return _is_prims_op(target, "inductor_random")
+
+
+def _is_prims_op(target: Any, name: str) -> bool:
+    """Whether ``target`` is ``torch.ops.prims.<name>`` (the packet or its default overload)."""
+    op = getattr(torch.ops.prims, name, None)
+    return op is not None and target in (op, getattr(op, "default", None))
 
 
 def is_inductor_seed_lookup(target: Any) -> bool:
@@ -170,8 +175,7 @@ def is_inductor_seed_lookup(target: Any) -> bool:
     Its index is a constant, and Inductor writes it into the source of every
     kernel that computes the lookup inline.
     """
-    lookup = getattr(torch.ops.prims, "inductor_lookup_seed", None)
-    return lookup is not None and target in (lookup, getattr(lookup, "default", None))
+    return _is_prims_op(target, "inductor_lookup_seed")
 
 
 def inductor_joint_graph_passes(joint_module: fx.GraphModule) -> fx.GraphModule:
@@ -190,14 +194,8 @@ def inductor_joint_graph_passes(joint_module: fx.GraphModule) -> fx.GraphModule:
     if fake_mode is None:
         raise ValueError("inductor_joint_graph_passes: the joint graph's inputs carry no fake tensors ('val' meta)")
     with V.set_fake_mode(fake_mode):
-        passes = getattr(compile_fx, "_recursive_joint_graph_passes", None)
-        if passes is not None:
-            rewritten = passes(joint_module)
-            return joint_module if rewritten is None else rewritten  # torch 2.9 rewrites in place
-        from torch._inductor.fx_passes.joint_graph import joint_graph_passes
-
-        joint_graph_passes(joint_module)
-        return joint_module
+        rewritten = compile_fx._recursive_joint_graph_passes(joint_module)
+    return joint_module if rewritten is None else rewritten  # torch 2.9 rewrites in place and returns None
 
 
 def eager_rng_order_patches() -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -13,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from ckpt.records import record_partitions
+from tests.robustness.helpers import inductor_kernels
 
 pytestmark = pytest.mark.compile
 
@@ -109,12 +109,6 @@ class PointwiseChain(nn.Module):
         return (y * y).sum()
 
 
-def _kernels(code: str) -> dict[str, str]:
-    """Generated C++ kernels of one Inductor module, by name."""
-    pattern = r"(\w+) = async_compile\.cpp_pybinding\(.*?r?'''(.*?)'''\)"  # torch 2.9: a plain string
-    return dict(re.findall(pattern, code, re.S))
-
-
 @pytest.mark.compat
 def test_recomputed_pointwise_chain_fuses_into_the_consuming_backward_kernel():
     from ckpt._torch_compat import compile_caches_disabled, run_and_get_code
@@ -133,7 +127,7 @@ def test_recomputed_pointwise_chain_fuses_into_the_consuming_backward_kernel():
     names = record.analysis.problem.names
     recomputed = {names[i] for i in record.plan.recomputed}
     assert "sin" in recomputed, recomputed
-    backward_kernels = _kernels(codes[-1])
+    backward_kernels = inductor_kernels(codes[-1])
     with_sin = [body for body in backward_kernels.values() if ".sin()" in body or "std::sin" in body]
     # The recomputation lives in exactly one kernel, which also computes the gradient (cos of h):
     # it adds no kernel of its own...

@@ -214,7 +214,9 @@ def test_a_traced_joint_graph_is_the_one_the_backend_partitions():
     So the tools (explain, the solver benchmark) plan the values the backend
     plans, and a traced plan is the backend's.
     """
-    from ckpt._torch_compat import compile_caches_disabled
+    from ckpt.backend import CkptPartitioner
+    from ckpt.config import CkptConfig, parse_budget
+    from ckpt.partitioner.peak_analysis import build_peak_graph
     from ckpt.records import record_partitions
 
     torch.manual_seed(0)
@@ -222,34 +224,22 @@ def test_a_traced_joint_graph_is_the_one_the_backend_partitions():
     options = {"memory_budget": "0.3", "device": "h100", "measure_ops": False}
     with torch._inductor.config.patch(fallback_random=False):
         joint = trace_joint(model, x)
-        with compile_caches_disabled(), record_partitions() as records:
+        with compat.compile_caches_disabled(), record_partitions() as records:
             torch.compile(model, backend="ckpt", options=options)(x).sum().backward()
     (record,) = records
 
-    def values(analysis):
-        problem = analysis.problem
+    def values(analysis, indices):  # graph inputs by size: Dynamo numbers the parameters in another order
+        nodes = analysis.nodes
         return sorted(
-            ("input" if node.op == "placeholder" else str(node.target), problem.save_bytes[i])
-            for i, node in enumerate(analysis.nodes)
+            ("input" if nodes[i].op == "placeholder" else str(nodes[i].target), analysis.problem.save_bytes[i])
+            for i in indices
         )
 
-    traced = values(joint.analysis)
+    traced = values(joint.analysis, range(len(joint.analysis.nodes)))
     assert any("inductor_random" in target for target, _ in traced), traced
-    assert traced == values(record.analysis)
-    from ckpt.backend import CkptPartitioner
-    from ckpt.config import CkptConfig, parse_budget
-    from ckpt.partitioner.peak_analysis import build_peak_graph
-
+    assert traced == values(record.analysis, range(len(record.analysis.nodes)))
     graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
     partitioner = CkptPartitioner(CkptConfig(budget=parse_budget("0.3")), record.profile)
     planned, budget_bytes, _, _ = partitioner.plan("traced", joint.analysis, graph)
     assert budget_bytes == record.budget_bytes
-
-    def saved(analysis, plan):  # graph inputs by size: Dynamo numbers the parameters in another order
-        nodes = analysis.nodes
-        return sorted(
-            ("input" if nodes[i].op == "placeholder" else str(nodes[i].target), analysis.problem.save_bytes[i])
-            for i in plan.saved
-        )
-
-    assert saved(joint.analysis, planned) == saved(record.analysis, record.plan)
+    assert values(joint.analysis, planned.saved) == values(record.analysis, record.plan.saved)

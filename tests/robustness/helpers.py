@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -195,3 +196,9 @@ def error_chain(error: BaseException) -> Iterator[BaseException]:
 def floor_fraction(fraction: float, total: int) -> int:
     """The byte cap of a fractional budget, as ``ckpt.config.Budget.resolve`` computes it."""
     return math.floor(fraction * total)
+
+
+def inductor_kernels(code: str) -> dict[str, str]:
+    """Generated C++ kernels of one Inductor module, by name."""
+    pattern = r"(\w+) = async_compile\.cpp_pybinding\(.*?r?'''(.*?)'''\)"  # torch 2.9: a plain string
+    return dict(re.findall(pattern, code, re.S))

@@ -8,15 +8,21 @@ different mask on the next step.
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 import torch._inductor.config as inductor_config
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tests.robustness.helpers import BUDGETS, assert_runs_close, assert_within_budget, ckpt_compile, run_steps
+from ckpt import _torch_compat as compat
+from tests.robustness.helpers import (
+    BUDGETS,
+    assert_runs_close,
+    assert_within_budget,
+    ckpt_compile,
+    inductor_kernels,
+    run_steps,
+)
 
 pytestmark = pytest.mark.compile
 
@@ -183,7 +189,6 @@ def test_blocks_that_regenerate_their_masks_share_one_backward_kernel():
     block.  ckpt saves the looked-up seed (8 bytes) instead, and the blocks'
     kernels are one.
     """
-    from ckpt._torch_compat import compile_caches_disabled, run_and_get_code
     from ckpt.records import record_partitions
 
     depth = 4
@@ -194,18 +199,17 @@ def test_blocks_that_regenerate_their_masks_share_one_backward_kernel():
     def step():
         compiled(x).backward()
 
-    with inductor_config.patch(fallback_random=False), compile_caches_disabled(), record_partitions() as records:
-        _, codes = run_and_get_code(step)
+    with inductor_config.patch(fallback_random=False), compat.compile_caches_disabled(), record_partitions() as records:
+        _, codes = compat.run_and_get_code(step)
     (record,) = records
     analysis, plan = record.analysis, record.plan
-    seeds = {i for i, node in enumerate(analysis.nodes) if "inductor_lookup_seed" in str(node.target)}
-    draws = {i for i, node in enumerate(analysis.nodes) if "inductor_random" in str(node.target)}
+    seeds = {i for i, node in enumerate(analysis.nodes) if compat.is_inductor_seed_lookup(node.target)}
+    draws = {i for i, node in enumerate(analysis.nodes) if compat.is_inductor_random(node.target)}
     assert len(seeds) == len(draws) == depth
     assert draws <= set(plan.recomputed), "budget 0 recomputes the draws"
     assert seeds <= set(plan.saved), "the seeds the backward draws from are saved, not looked up again"
     assert "seed lookup" in analysis.reasons[f"{analysis.nodes[min(seeds)].name}:recompute"]
-    pattern = r"(\w+) = async_compile\.cpp_pybinding\(.*?r?'''(.*?)'''\)"
-    backward = dict(re.findall(pattern, codes[-1], re.S))
+    backward = inductor_kernels(codes[-1])
     # Distinct sources: each is compiled once (torch 2.9 names a repeated source again, later ones reuse it).
     regenerating = {body for body in backward.values() if "rand" in body}
     assert 1 <= len(regenerating) < depth, sorted(backward)
