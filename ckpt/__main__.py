@@ -43,7 +43,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     print(f"  convolution efficiency: {profile.conv_efficiency:.2f} of the matrix rate")
     print(
         f"  fused work per element: {profile.element_seconds * 1e9:.4f} ns simple, "
-        f"{profile.transcendental_seconds * 1e9:.3f} ns transcendental"
+        f"{profile.transcendental_seconds * 1e9:.3f} ns transcendental, "
+        f"{profile.seconds_per_element(False, random=True) * 1e9:.3f} ns per random draw"
     )
     if profile.byte_store_seconds or profile.byte_load_seconds:
         print(

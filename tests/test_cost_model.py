@@ -132,17 +132,19 @@ def test_cpu_calibration_is_cached(tmp_path, monkeypatch):
     assert "measured on this machine" in first.source and "scaled from the reference machine" in first.source
     fp32 = first.peak_flops[0][1]
     assert first.transcendental_seconds == pytest.approx(calibrate.FUSED_DEFAULTS["transcendental"] / fp32, rel=0.01)
+    assert first.random_seconds == pytest.approx(calibrate.FUSED_DEFAULTS["random"] / fp32, rel=0.01)
 
 
 def test_calibrate_command_times_fused_kernels_and_replaces_the_cache(tmp_path, monkeypatch):
     from ckpt.cost_model import calibrate
 
     monkeypatch.setenv("CKPT_CACHE_DIR", str(tmp_path))
-    measured = {"simple": 1e-12, "transcendental": 2e-9, "byte_store": 3e-9, "byte_load": 4e-9}
+    measured = {"simple": 1e-12, "transcendental": 2e-9, "random": 5e-9, "byte_store": 3e-9, "byte_load": 4e-9}
     monkeypatch.setattr(calibrate, "measure_fused_costs", lambda threads: measured)
     quick = calibrate.cpu_profile()
     full = calibrate.cpu_profile(recalibrate=True)
     assert "fused Inductor kernels" in full.source and full.byte_store_seconds == pytest.approx(3e-9)
+    assert full.random_seconds == pytest.approx(5e-9)
     assert calibrate.cpu_profile() == full != quick  # later processes read the measured profile
 
 
@@ -162,6 +164,32 @@ def test_transcendental_ops_are_priced_per_element_at_their_own_rate():
     )  # fmt: skip
     assert elementwise_seconds(profile, erf.elements, erf.transcendental) == pytest.approx(60 * 6e-10)
     assert elementwise_seconds(profile, mul.elements, mul.transcendental) == pytest.approx(60 * 1e-10)
+
+
+def test_random_draws_are_priced_at_the_profiles_rate_for_a_draw():
+    """Inductor's CPU generator costs several transcendentals per element: a dropout mask drawn again is not cheap."""
+    import torch._inductor.inductor_prims  # noqa: F401  (registers prims.inductor_random)
+
+    from ckpt.cost_model import elementwise_seconds
+
+    def draw(seeds):
+        seed = torch.ops.prims.inductor_lookup_seed.default(seeds, 0)
+        return torch.ops.prims.inductor_random.default([6, 10], seed, "rand")
+
+    estimates = dict((node.target, est) for node, est in _estimates(draw, torch.zeros(2, dtype=torch.int64)))
+    random = estimates[torch.ops.prims.inductor_random.default]
+    assert random.random and random.elements == 60  # a pure function of its seed: it fuses like pointwise work
+    rates = dict(element_seconds=1e-10, transcendental_seconds=6e-10)
+    profile = DeviceProfile("test", (("fp32", 1e12),), 1e11, 0.0, "test", random_seconds=3e-9, **rates)
+    assert elementwise_seconds(profile, random.elements, random.transcendental, random.random) == pytest.approx(
+        60 * 3e-9
+    )
+    # Without a measured rate for draws (the GPU profiles), a draw costs a transcendental.
+    plain = DeviceProfile("test", (("fp32", 1e12),), 1e11, 0.0, "test", **rates)
+    assert elementwise_seconds(plain, random.elements, random.transcendental, random.random) == pytest.approx(
+        60 * 6e-10
+    )
+    assert profile.key() != plain.key()
 
 
 def test_small_tensors_move_at_the_cache_rate():

@@ -11,9 +11,10 @@ The calibration times, with the thread count torch uses:
 * with ``fused=True`` only (``python -m ckpt calibrate``): chains of tiny
   fused Inductor kernels, compiled and timed in a subprocess
   (:mod:`ckpt.cost_model.fused_calibration`): the per-element cost of simple
-  and of transcendental fused work, and of writing and reading bool tensors
-  from fused kernels (without a working compiler, estimates from an eager
-  multiply and ``erf`` stand in).
+  and of transcendental fused work and of a random draw, and of writing and
+  reading bool tensors from fused kernels (without a working compiler,
+  estimates from an eager multiply and ``erf`` stand in, and a draw is
+  priced as a transcendental).
 
 **First use is quick.**  Compiling and timing the fused kernels takes about
 ten seconds, so a process that finds no cached profile measures everything
@@ -53,7 +54,7 @@ __all__ = ["FUSED_DEFAULTS", "MATMUL_SIZE", "calibrate_cpu", "cpu_profile"]
 
 log = logging.getLogger(__name__)
 
-_FORMAT_VERSION = 4
+_FORMAT_VERSION = 5
 # The square fp32/bf16 matmul whose rate is the profile's peak (the busy check of
 # :mod:`ckpt.cost_model.measured` times it again).
 MATMUL_SIZE = 512
@@ -65,6 +66,7 @@ MATMUL_SIZE = 512
 FUSED_DEFAULTS: dict[str, float] = {
     "simple": 0.05,  # one multiply or add: far below its memory traffic either way
     "transcendental": 260.0,  # one erf
+    "random": 1130.0,  # one draw of Inductor's counter-based generator (dropout's mask)
     "byte_store": 1740.0,  # writing one bool element from a fused kernel, beyond its byte
     "byte_load": 540.0,  # reading one bool element, beyond its byte
 }
@@ -128,12 +130,12 @@ def calibrate_cpu(*, fused: bool = True) -> DeviceProfile:
         conv = threads * conv_flops / fastest_seconds(lambda: torch.conv2d(x, w, padding=1), 5)
     measured = measure_fused_costs(threads) if fused else None
     if not fused:
-        simple, transcendental, byte_store, byte_load = (
-            FUSED_DEFAULTS[key] / fp32 for key in ("simple", "transcendental", "byte_store", "byte_load")
+        simple, transcendental, random, byte_store, byte_load = (
+            FUSED_DEFAULTS[key] / fp32 for key in ("simple", "transcendental", "random", "byte_store", "byte_load")
         )
         fused_source = "fused-kernel costs scaled from the reference machine (python -m ckpt calibrate measures them)"
     elif measured is not None:
-        simple, transcendental = measured["simple"], measured["transcendental"]
+        simple, transcendental, random = measured["simple"], measured["transcendental"], measured["random"]
         byte_store, byte_load = measured["byte_store"], measured["byte_load"]
         fused_source = "fused Inductor kernels"
     else:
@@ -144,7 +146,7 @@ def calibrate_cpu(*, fused: bool = True) -> DeviceProfile:
             multiply = _per_element(lambda src, dst: torch.mul(src, 1.0001, out=dst)) / threads
             erf = _per_element(lambda src, dst: torch.erf(src, out=dst)) / threads
         simple, transcendental = 1.0 / fp32, max(erf - multiply, 1.0 / fp32)
-        byte_store = byte_load = 0.0
+        byte_store = byte_load = random = 0.0
     bandwidth = _copy_bandwidth(64 * 2**20, 5)
     cache_bandwidth = _copy_bandwidth(2**20, 20)
     cache_bytes = 0
@@ -166,6 +168,7 @@ def calibrate_cpu(*, fused: bool = True) -> DeviceProfile:
         ),
         element_seconds=_round(simple),
         transcendental_seconds=_round(transcendental),
+        random_seconds=_round(random),
         byte_store_seconds=_round(byte_store),
         byte_load_seconds=_round(byte_load),
         cache_bytes=cache_bytes,

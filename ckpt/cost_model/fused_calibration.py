@@ -5,6 +5,8 @@ one JSON object with seconds per element for
 
 * ``simple``: one multiply or add inside a fused kernel;
 * ``transcendental``: one ``erf`` inside a fused kernel;
+* ``random``: one draw of Inductor's random-number generator inside a fused
+  kernel (what a dropout mask costs to draw again);
 * ``byte_store`` / ``byte_load``: writing / reading a one-byte (bool) tensor
   from a fused kernel, beyond what its bytes cost (Inductor's CPU code for
   bool tensors is far slower than for floats);
@@ -45,6 +47,15 @@ def _chain(steps: int, transcendental: bool) -> Callable[[torch.Tensor], torch.T
     return chain
 
 
+def _draws(steps: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def draws(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(steps):
+            x = x * 0.5 + torch.rand_like(x)
+        return x
+
+    return draws
+
+
 def _double(x: torch.Tensor) -> torch.Tensor:
     return x * 2.0
 
@@ -73,9 +84,11 @@ def _measure() -> dict[str, float]:
     n = float(_ELEMENTS)
     simple = max(0.0, (_time(_chain(9, False), x) - _time(_chain(1, False), x)) / (8 * 2 * n))
     erf_step = (_time(_chain(9, True), x) - _time(_chain(1, True), x)) / (8 * n)
+    draw_step = (_time(_draws(5), x) - _time(_draws(1), x)) / (4 * n)
     return {
         "simple": simple,
         "transcendental": max(simple, erf_step - 2 * simple),
+        "random": max(simple, draw_step - 2 * simple),
         "byte_store": max(0.0, (_time(_double_and_mask, x) - _time(_double, x)) / n),
         "byte_load": max(0.0, (_time(_select_by_mask, x, mask) - _time(_select_by_float, x, y)) / n),
     }
@@ -95,7 +108,7 @@ def measure_fused_costs(threads: int, timeout: float = 600.0) -> dict[str, float
         return None
     try:
         costs = json.loads(result.stdout.strip().splitlines()[-1])
-        return {key: float(costs[key]) for key in ("simple", "transcendental", "byte_store", "byte_load")}
+        return {key: float(costs[key]) for key in ("simple", "transcendental", "random", "byte_store", "byte_load")}
     except (ValueError, KeyError, IndexError) as error:
         log.warning("ckpt: unreadable fused-kernel timings (%s); using estimates from eager ops", error)
         return None

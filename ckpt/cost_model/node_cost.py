@@ -163,7 +163,8 @@ class NodeEstimate:
 
     ``elements`` is the element-wise work of a fused op (output elements, or
     input elements for a reduction); ``transcendental`` says it is priced at
-    the transcendental rate; ``convolution`` says a library call is a
+    the transcendental rate, ``random`` that it draws random numbers (priced
+    at the profile's rate for a draw); ``convolution`` says a library call is a
     convolution (priced at the profile's convolution efficiency).
     """
 
@@ -177,6 +178,7 @@ class NodeEstimate:
     elements: int = 0
     transcendental: bool = False
     convolution: bool = False
+    random: bool = False
 
 
 def estimate_node(node: fx.Node, sizes: SizeEvaluator) -> NodeEstimate:
@@ -214,4 +216,6 @@ def estimate_node(node: fx.Node, sizes: SizeEvaluator) -> NodeEstimate:
         elements=elements,
         transcendental=is_transcendental(node),
         convolution=getattr(packet, "__name__", "").startswith("convolution"),
+        # Inductor's own draw is a pure function of its seed, so it classifies as pointwise.
+        random=kind is OpKind.RANDOM or compat.is_inductor_random(node.target),
     )

@@ -4,9 +4,10 @@ A profile gives:
 
 * peak matrix throughput per dtype class (matmul, attention), and the
   fraction of it convolutions reach;
-* the cost per element of work fused into a kernel: simple arithmetic, and
+* the cost per element of work fused into a kernel: simple arithmetic,
   transcendental functions (``exp``, ``erf``, ``tanh``...), which cost several
-  times more;
+  times more, and random draws (Inductor's counter-based generator, which on
+  the CPU costs several transcendentals per element);
 * memory bandwidth, with a higher rate for tensors small enough to stay in
   cache;
 * a fixed overhead per launched kernel.
@@ -23,7 +24,8 @@ GPU profiles:
   scaled by the H200's measured/datasheet ratios for bf16 (0.80) and copy (0.90).
 * On every GPU, element-wise work is charged at the datasheet fp32 CUDA-core
   rate (transcendentals at a quarter of it, the special-function units'
-  share), and convolutions at the matmul rate; these are datasheet figures,
+  share; random draws at the transcendental rate), and convolutions at the
+  matmul rate; these are datasheet figures,
   not measurements.  They matter little: on these GPUs fused element-wise work
   is bound by memory traffic, which the bandwidth term covers.
 
@@ -52,7 +54,8 @@ class DeviceProfile:
     most ``cache_bytes`` (0: no cache tier); ``kernel_overhead`` is seconds per
     launched kernel; ``element_seconds`` and ``transcendental_seconds`` are
     seconds per element of fused work (0: one FLOP per element at the fp32
-    matrix rate); ``conv_efficiency`` is the share of the matrix rate that
+    matrix rate), and ``random_seconds`` the same for one random draw (0:
+    the transcendental rate); ``conv_efficiency`` is the share of the matrix rate that
     convolutions reach; ``byte_store_seconds`` and ``byte_load_seconds`` are
     the least time per element for a fused kernel to write or read a
     one-byte (bool) tensor, where the code for those is slow.
@@ -70,6 +73,7 @@ class DeviceProfile:
     conv_efficiency: float = 1.0
     byte_store_seconds: float = 0.0
     byte_load_seconds: float = 0.0
+    random_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         rates = dict(self.peak_flops)
@@ -89,9 +93,11 @@ class DeviceProfile:
             return self.cache_bandwidth
         return self.bandwidth
 
-    def seconds_per_element(self, transcendental: bool) -> float:
+    def seconds_per_element(self, transcendental: bool, random: bool = False) -> float:
         simple = self.element_seconds or 1.0 / self.flops_per_second("fp32")
-        if transcendental:
+        if random and self.random_seconds:
+            return self.random_seconds
+        if transcendental or random:
             return self.transcendental_seconds or 4.0 * simple
         return simple
 
@@ -119,6 +125,7 @@ class DeviceProfile:
             f":el={self.element_seconds:.4g}:tr={self.transcendental_seconds:.4g}"
             f":cache={self.cache_bytes}@{self.cache_bandwidth:.4g}:conv={self.conv_efficiency:.4g}"
             f":bytes={self.byte_store_seconds:.4g}/{self.byte_load_seconds:.4g}"
+            + (f":rnd={self.random_seconds:.4g}" if self.random_seconds else "")
         )
 
 

@@ -28,9 +28,11 @@ def compute_seconds(profile: DeviceProfile, flops: int, dtype_class: str = "fp32
     return flops / (profile.flops_per_second(dtype_class) * efficiency)
 
 
-def elementwise_seconds(profile: DeviceProfile, elements: int, transcendental: bool = False) -> float:
-    """Arithmetic of one fused element-wise or reduction op over ``elements`` elements."""
-    return elements * profile.seconds_per_element(transcendental)
+def elementwise_seconds(
+    profile: DeviceProfile, elements: int, transcendental: bool = False, random: bool = False
+) -> float:
+    """Arithmetic of one fused element-wise or reduction op over ``elements`` elements (or random draws)."""
+    return elements * profile.seconds_per_element(transcendental, random)
 
 
 def transfer_seconds(profile: DeviceProfile, nbytes: int) -> float:

@@ -328,7 +328,7 @@ def _recompute_seconds(node: fx.Node, context: _Context) -> float:
         return 0.0
     if not (kind in _FUSIBLE_KINDS and node.op == "call_function"):
         return context.library_seconds(node, estimate)
-    seconds = elementwise_seconds(profile, estimate.elements, estimate.transcendental)
+    seconds = elementwise_seconds(profile, estimate.elements, estimate.transcendental, estimate.random)
     if any(context.kinds[u] not in _FUSIBLE_KINDS for u in context.users.get(node, [])):
         seconds += 2 * transfer_seconds(profile, estimate.bytes_written) + profile.kernel_overhead
     return seconds
@@ -414,7 +414,7 @@ def _fixed_seconds(context: _Context) -> float:
         if kind not in _FUSIBLE_KINDS:
             total += context.library_seconds(node, estimate)
             continue
-        total += elementwise_seconds(profile, estimate.elements, estimate.transcendental)
+        total += elementwise_seconds(profile, estimate.elements, estimate.transcendental, estimate.random)
         node_users = context.users.get(node, [])
         if not node_users or any(kinds[u] not in _FUSIBLE_KINDS or u.op == "output" for u in node_users):
             total += 2 * transfer_seconds(profile, estimate.bytes_written) + profile.kernel_overhead
