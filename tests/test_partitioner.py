@@ -243,3 +243,25 @@ def test_a_traced_joint_graph_is_the_one_the_backend_partitions():
     planned, budget_bytes, _, _ = partitioner.plan("traced", joint.analysis, graph)
     assert budget_bytes == record.budget_bytes
     assert values(joint.analysis, planned.saved) == values(record.analysis, record.plan.saved)
+
+
+@pytest.mark.compat
+def test_a_pooling_net_traces_in_a_fresh_process():
+    """Inductor's max-pooling decomposition asks its lowerings, which only compiling imports; tracing imports them."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import torch
+        from ckpt.cost_model.profiles import GPU_PROFILES
+        from ckpt.tools.joint import trace_joint
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2))
+        joint = trace_joint(model, torch.randn(2, 3, 8, 8), profile=GPU_PROFILES["h100"])
+        print(sum("max_pool" in str(node.target) for node in joint.graph.graph.nodes))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert int(result.stdout.split()[-1]) >= 1
