@@ -23,7 +23,6 @@ documented switch rather than an internal whose shape changes:
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import logging
 import re
@@ -651,10 +650,9 @@ def aot_module_without_kernels(
     from torch._dynamo.utils import assert_no_fake_params_or_buffers
     from torch._functorch.aot_autograd import aot_function
     from torch._functorch.compilers import nop
+    from torch._inductor import lowering  # noqa: F401  (max pooling's decomposition asks it; compiling imports it)
     from torch._inductor.decomposition import select_decomp_table
 
-    # Some of Inductor's decompositions (max pooling's) ask its lowerings, which compiling imports.
-    importlib.import_module("torch._inductor.lowering")
     assert_no_fake_params_or_buffers(module)
     params: dict[str, torch.Tensor] = dict(module.named_parameters())  # a tied tensor once, under its first name
     buffers = dict(module.named_buffers())

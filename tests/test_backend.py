@@ -2,41 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 import torch.nn as nn
 
 from ckpt.records import record_partitions
-from tests.robustness.helpers import inductor_kernels
+from tests.robustness.helpers import inductor_kernels, run_python
 
 pytestmark = pytest.mark.compile
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _python(code: str, env: dict[str, str] | None = None, timeout: int = 600) -> str:
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        cwd=REPO,
-        timeout=timeout,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
 
 
 @pytest.mark.compat
 def test_backend_name_works_without_importing_ckpt():
-    out = _python(
+    out = run_python(
         """
         import sys, torch
         model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
@@ -70,9 +48,9 @@ def test_fx_graph_cache_never_serves_a_plan_made_for_another_budget(tmp_path):
         "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
         "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
     }
-    full = int(_python(_CACHE_SCRIPT, {**env, "CKPT_MEMORY_BUDGET": "none"}))
-    lean = int(_python(_CACHE_SCRIPT, {**env, "CKPT_MEMORY_BUDGET": "0"}))
-    full_again = int(_python(_CACHE_SCRIPT, {**env, "CKPT_MEMORY_BUDGET": "none"}))
+    full = int(run_python(_CACHE_SCRIPT, {**env, "CKPT_MEMORY_BUDGET": "none"}))
+    lean = int(run_python(_CACHE_SCRIPT, {**env, "CKPT_MEMORY_BUDGET": "0"}))
+    full_again = int(run_python(_CACHE_SCRIPT, {**env, "CKPT_MEMORY_BUDGET": "none"}))
     assert lean < full
     assert full_again == full
 

@@ -17,6 +17,7 @@ from ckpt.partitioner import evaluate, solve
 from ckpt.partitioner.joint_graph import read_roots
 from ckpt.partitioner.torch_plan import plan_from_saved_names, torch_default_saved_names
 from tests.joint import trace_joint
+from tests.robustness.helpers import run_python
 from tests.test_end_to_end import TinyModel
 
 
@@ -248,11 +249,7 @@ def test_a_traced_joint_graph_is_the_one_the_backend_partitions():
 @pytest.mark.compat
 def test_a_pooling_net_traces_in_a_fresh_process():
     """Inductor's max-pooling decomposition asks its lowerings, which only compiling imports; tracing imports them."""
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent(
+    out = run_python(
         """
         import torch
         from ckpt.cost_model.profiles import GPU_PROFILES
@@ -262,6 +259,4 @@ def test_a_pooling_net_traces_in_a_fresh_process():
         print(sum("max_pool" in str(node.target) for node in joint.graph.graph.nodes))
         """
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert int(result.stdout.split()[-1]) >= 1
+    assert int(out.split()[-1]) >= 1

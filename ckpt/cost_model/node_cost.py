@@ -147,7 +147,7 @@ _TRANSCENDENTAL = frozenset(
     {
         "erf", "erfc", "erfinv", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "tanh", "sigmoid",
         "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh",
-        "pow", "lgamma", "digamma", "gelu", "silu", "softplus", "mish", "logit", "inductor_random",
+        "pow", "lgamma", "digamma", "gelu", "silu", "softplus", "mish", "logit",
     }
 )  # fmt: skip
 

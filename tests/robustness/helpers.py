@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import re
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -202,3 +206,20 @@ def inductor_kernels(code: str) -> dict[str, str]:
     """Generated C++ kernels of one Inductor module, by name."""
     pattern = r"(\w+) = async_compile\.cpp_pybinding\(.*?r?'''(.*?)'''\)"  # torch 2.9: a plain string
     return dict(re.findall(pattern, code, re.S))
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 600) -> str:
+    """Run ``code`` in a fresh Python process from the repository root; its stdout (fails on a non-zero exit)."""
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
