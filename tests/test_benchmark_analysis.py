@@ -1,6 +1,8 @@
-"""The benchmark verdicts on made-up measurements: noise, dominance, matched memory."""
+"""The benchmark verdicts on made-up measurements (noise, dominance, matched memory), and the allocation replay."""
 
 from __future__ import annotations
+
+import pytest
 
 from benchmarks.analysis import analyze_model, evaluate_targets
 from benchmarks.harness import ModelResult, SettingResult
@@ -73,3 +75,53 @@ def test_peak_targets_catch_a_rise_a_broken_cap_a_bad_prediction_and_a_slower_po
     assert targets["time at matched peak"].met is False
     assert any("ckpt 0.5" in miss for miss in targets["time at matched peak"].misses)
     assert targets["ResNet peak"].met is True  # 0.55x, and no eager checkpoint point to compare with
+
+
+_FORWARD_CODE = """
+class Runner:
+    def call(self, args):
+        primals_1, primals_2 = args
+        args.clear()
+        buf0 = empty_strided_cpu((4, 4), (4, 1), torch.float32)
+        buf1 = empty_strided_cpu((4, 4), (4, 1), torch.float32)
+        buf2 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(buf0, buf0, buf0)
+        buf3 = buf2[0]
+        assert_size_stride(buf3, (2, 4), (4, 1), 'op')
+        buf4 = buf2[1]
+        assert_size_stride(buf4, (2, ), (1, ), 'op')
+        del buf2
+        buf5 = reinterpret_tensor(buf1, (16, ), (1, ), 0); del buf1  # reuse
+        del buf0
+        return (buf5, buf3, reinterpret_tensor(buf4, (2, ), (1, ), 0), None, )
+"""
+
+_BACKWARD_CODE = """
+class Runner:
+    def call(self, args):
+        getitem, getitem_1, tangents_1 = args
+        args.clear()
+        buf0 = empty_strided_cpu((8, 4), (4, 1), torch.float32)
+        buf1 = buf0; del buf0  # reuse
+        del getitem
+        buf2 = empty_strided_cpu((2, ), (1, ), torch.float32)
+        return (buf1, buf2, )
+"""
+
+
+def test_replay_counts_the_wrapper_codes_allocations_and_passes_saved_values_to_the_backward():
+    from benchmarks.replay_allocations import call_body, replay_step
+
+    assert call_body(_FORWARD_CODE)[0] == "primals_1, primals_2 = args"
+    forward, backward = replay_step(_FORWARD_CODE, _BACKWARD_CODE)
+    # buf0 and buf1 (64 bytes each), then the attention's two outputs picked out (32 and 8 bytes)
+    assert forward.peak_bytes == 64 + 64 + 32 + 8
+    assert forward.line.startswith("assert_size_stride(buf4")
+    assert dict(forward.alive) == {"buf0": 64, "buf1": 64, "buf3": 32, "buf4": 8}
+    assert forward.end_bytes == 64 + 32 + 8  # buf0 freed; buf1 lives on as buf5
+    # the loss buf5 and the saved buf3 and buf4 (as getitem and getitem_1) start the backward, whose
+    # 128-byte buffer is allocated before getitem goes
+    assert backward.peak_bytes == 64 + 32 + 8 + 128
+    assert dict(backward.alive) == {"buf5": 64, "getitem": 32, "getitem_1": 8, "buf0": 128}
+    assert backward.end_bytes == 64 + 8 + 128 + 8
+    with pytest.raises(ValueError, match="no `def call"):
+        call_body("x = 1")
