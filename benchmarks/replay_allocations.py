@@ -13,7 +13,8 @@ allocations line by line:
 * ``del name`` frees a storage once no name refers to it;
 * a library call that returns a tuple (attention, convolution's backward)
   allocates each tensor picked out of it (``bufM = bufN[i]``), sized by the
-  ``assert_size_stride`` that follows.
+  ``assert_size_stride`` that follows (as float32: the assertion names no
+  dtype, so a half-precision model's picked tensors count double).
 
 The forward's saved outputs become the backward's inputs and stay alive
 until the backward deletes them.  Parameters and the user's inputs are not
