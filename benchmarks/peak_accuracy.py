@@ -33,7 +33,8 @@ DEFAULT_SETTINGS = ("none", "0.5", "0.25", "0.1", "peak-0.5")
 RESULTS = Path(__file__).resolve().parent / "results" / "peak-accuracy.md"
 
 
-def _options(setting: str) -> dict[str, str]:
+def compile_options(setting: str) -> dict[str, str]:
+    """ckpt's options for a setting: a budget (``none``, ``0.5``, ``2GiB``), or ``peak-<cap>`` for a peak cap."""
     if setting.startswith("peak-"):
         return {"peak_memory": setting.removeprefix("peak-")}
     return {"memory_budget": setting}
@@ -49,7 +50,7 @@ def measure(name: str, setting: str, size: str = "cpu") -> dict[str, Any]:
     def step(*args: torch.Tensor) -> torch.Tensor:
         return model(*args)
 
-    compiled = torch.compile(step, backend="ckpt", options=_options(setting))
+    compiled = torch.compile(step, backend="ckpt", options=compile_options(setting))
     with compat.compile_caches_disabled(), record_partitions() as records:
         compiled(*inputs).backward()
     model.zero_grad(set_to_none=True)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Replay", "call_body", "main", "replay_graph", "replay_step"]
+__all__ = ["Replay", "call_body", "main", "replay_step"]
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,9 @@ class _Allocations:
         self.picked: set[str] = set()  # tensors picked out of a tuple, sized by the next size assertion
         self._next = 0
 
+    def replay(self) -> Replay:
+        return Replay(self.peak, self.peak_line, self.peak_alive, self.total)
+
     def alive(self) -> tuple[tuple[str, int], ...]:
         ids = set(self.storage.values())
         return tuple(sorted(((self.label[s], self.nbytes[s]) for s in ids if self.nbytes[s]), key=lambda a: -a[1]))
@@ -180,13 +183,6 @@ def _returned(body: list[str]) -> list[str]:
     return names
 
 
-def replay_graph(body: list[str], trace: re.Pattern[str] | None = None) -> Replay:
-    """The allocations of one ``call`` body, starting from nothing."""
-    state = _Allocations()
-    state.run(body, trace)
-    return Replay(state.peak, state.peak_line, state.peak_alive, state.total)
-
-
 def replay_step(
     forward_code: str, backward_code: str, num_fwd_outputs: int = 1, trace: re.Pattern[str] | None = None
 ) -> tuple[Replay, Replay]:
@@ -199,7 +195,7 @@ def replay_step(
     forward_body, backward_body = call_body(forward_code), call_body(backward_code)
     state = _Allocations()
     state.run([line for line in forward_body if not line.startswith("return (")])
-    forward = Replay(state.peak, state.peak_line, state.peak_alive, state.total)
+    forward = state.replay()
     returned = _returned(forward_body)
     kept = set(returned)
     for name in list(state.storage):
@@ -209,20 +205,20 @@ def replay_step(
     if unpack is None:
         raise ValueError("replay: the backward's `call` does not unpack `args`")
     arguments = [a.strip() for a in unpack[: -len("= args")].split(",") if a.strip()]
-    saved = returned[num_fwd_outputs:]
+    as_argument = dict(zip(returned[num_fwd_outputs:], arguments))  # saved output -> its name in the backward
     renamed = {}
     for name, sid in state.storage.items():
-        target = arguments[saved.index(name)] if name in saved and saved.index(name) < len(arguments) else name
-        renamed[target] = sid
-        state.label[sid] = target
+        renamed[as_argument.get(name, name)] = sid
+        state.label[sid] = as_argument.get(name, name)
     state.storage = renamed
     state.peak, state.peak_line, state.peak_alive = state.total, "(backward start)", state.alive()
     state.run(backward_body, trace)
-    return forward, Replay(state.peak, state.peak_line, state.peak_alive, state.total)
+    return forward, state.replay()
 
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.models import MODELS, model_spec
+    from benchmarks.peak_accuracy import compile_options
     from ckpt import _torch_compat as compat
     from ckpt.measure import peak_memory
     from ckpt.records import record_partitions
@@ -239,10 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model = model_spec(args.model).build(args.size)
     inputs = model.make_inputs(torch.Generator().manual_seed(0), torch.device("cpu"), torch.float32)
-    options = {"peak_memory": args.setting[len("peak-") :]} if args.setting.startswith("peak-") else {}
-    options.setdefault("memory_budget", "none" if args.setting.startswith("peak-") else args.setting)
-    torch._dynamo.reset()
-    step = torch.compile(lambda *a: model(*a), backend="ckpt", options=options)
+    torch.compiler.reset()
+    step = torch.compile(lambda *a: model(*a), backend="ckpt", options=compile_options(args.setting))
 
     def run() -> None:
         step(*inputs).backward()
