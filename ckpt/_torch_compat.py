@@ -57,6 +57,7 @@ __all__ = [
     "inductor_fallback_random",
     "is_inductor_random",
     "is_inductor_seed_lookup",
+    "is_inductor_seeds",
     "inductor_joint_graph_passes",
     "inductor_layout_optimization",
     "inductor_lowering_tables",
@@ -161,6 +162,11 @@ def is_inductor_random(target: Any) -> bool:
     in float32.
     """
     return _is_prims_op(target, "inductor_random")
+
+
+def is_inductor_seeds(target: Any) -> bool:
+    """Whether ``target`` draws the seeds of every random op of a graph at once (``prims.inductor_seeds``)."""
+    return _is_prims_op(target, "inductor_seeds")
 
 
 def _is_prims_op(target: Any, name: str) -> bool:

@@ -103,6 +103,35 @@ def test_random_masks_are_never_recomputed():
     assert not set(plan.recomputed) & {analysis.problem.names.index(n) for n in random_values}
 
 
+def test_seed_lookups_become_reads_of_their_own_tensors_with_the_same_values():
+    """The forward's seed lookups are replaced by one split of the seeds tensor; each draw gets the same seed."""
+    import torch._inductor.inductor_prims  # noqa: F401  (registers Inductor's random prims)
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ckpt.partitioner.extract import share_seed_kernels
+
+    prims = torch.ops.prims
+
+    def seeds_of_draws() -> tuple[torch.Tensor, ...]:
+        seeds = prims.inductor_seeds.default(3, torch.device("cpu"))
+        picked = [prims.inductor_lookup_seed.default(seeds, i) for i in (2, 0, 1)]
+        draws = [prims.inductor_random.default([5], seed, "rand") for seed in picked]
+        return (*picked, *draws)  # eagerly a draw ignores its seed: the seeds are what is compared
+
+    traced = make_fx(seeds_of_draws, tracing_mode="fake")()
+    torch.manual_seed(7)
+    expected = traced()[:3]
+    assert len(set(map(int, expected))) == 3, expected
+    split = share_seed_kernels(traced)
+    targets = [node.target for node in split.graph.nodes if node.op == "call_function"]
+    assert prims.inductor_lookup_seed.default not in targets
+    assert targets.count(torch.ops.ckpt.unbind_seeds.default) == 1
+    torch.manual_seed(7)
+    got = split()[:3]
+    assert [int(seed) for seed in got] == [int(seed) for seed in expected]
+    assert all(seed.dim() == 0 and seed.dtype == torch.int64 for seed in got)
+
+
 def test_reads_of_a_buffer_the_forward_mutates_are_never_recomputed():
     torch.manual_seed(0)
     joint = trace_joint(MutatesBuffer(), torch.randn(8, requires_grad=True))

@@ -10,12 +10,17 @@ One pass finishes the backward: random ops must never run there, not even as
 dead code (:func:`drop_dead_random_ops`).  Dead-code elimination keeps them
 because they are impure, and each one advances the global RNG, so the next
 step's dropout masks would differ from eager.
+
+One pass finishes the forward: its seed lookups become reads of tensors of
+their own (:func:`share_seed_kernels`), so that layers alike share kernels.
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
+import torch
 import torch.fx as fx
 
 from ckpt import _torch_compat as compat
@@ -29,6 +34,8 @@ __all__ = [
     "drop_dead_random_ops",
     "extract_modules",
     "recomputed_in_backward",
+    "share_seed_kernels",
+    "unbind_seeds",
     "verify_backward",
 ]
 
@@ -111,3 +118,58 @@ def drop_dead_random_ops(bw_module: fx.GraphModule) -> fx.GraphModule:
     bw_module.graph.eliminate_dead_code()
     bw_module.recompile()
     return bw_module
+
+
+@torch.library.custom_op("ckpt::unbind_seeds", mutates_args=())
+def unbind_seeds(seeds: torch.Tensor) -> list[torch.Tensor]:
+    """Each value of the 1-d ``seeds`` as a 0-d tensor of its own (one multi-tensor copy)."""
+    return list(torch._foreach_add(seeds.unbind(0), 0))
+
+
+@unbind_seeds.register_fake
+def _unbind_seeds_fake(seeds: torch.Tensor) -> list[torch.Tensor]:
+    return [seeds.new_empty(()) for _ in range(seeds.shape[0])]
+
+
+def share_seed_kernels(fw_module: fx.GraphModule) -> fx.GraphModule:
+    """Read each seed of the forward's random draws from a tensor of its own, so that layers share kernels.
+
+    Inductor draws every random op of a graph from one seeds tensor
+    (``prims.inductor_seeds``), picking each op's seed with
+    ``inductor_lookup_seed(seeds, index)``.  The lookup is computed inline in
+    the kernel that draws, with its index written into the kernel's source,
+    so every dropout compiles a kernel of its own, layers alike included (on
+    a 28-layer GPT, 56 of the forward's 59 distinct kernels).  Here the
+    seeds tensor is split once (:func:`unbind_seeds`, a library call of one
+    copy) and each lookup becomes a read of its own 0-d tensor at index 0:
+    the same values, and one kernel for every layer alike.  A seeds tensor
+    with fewer than two lookups is left alone.
+    """
+    graph = fw_module.graph
+    changed = False
+    for seeds in [n for n in graph.nodes if n.op == "call_function" and compat.is_inductor_seeds(n.target)]:
+        lookups = [
+            user
+            for user in seeds.users
+            if compat.is_inductor_seed_lookup(user.target) and user.args[0] is seeds and isinstance(user.args[1], int)
+        ]
+        value = seeds.meta.get("val")
+        if len(lookups) < 2 or not isinstance(value, torch.Tensor) or value.dim() != 1:
+            continue
+        count = value.shape[0]
+        if not isinstance(count, int) or not all(0 <= user.args[1] < count for user in lookups):
+            continue
+        with graph.inserting_after(seeds):
+            parts = graph.call_function(torch.ops.ckpt.unbind_seeds.default, (seeds,))
+        parts.meta["val"] = _unbind_seeds_fake(value)
+        for lookup in lookups:
+            with graph.inserting_before(lookup):
+                item = graph.call_function(operator.getitem, (parts, lookup.args[1]))
+            item.meta = dict(lookup.meta)
+            lookup.replace_all_uses_with(item)
+            graph.erase_node(lookup)
+        changed = True
+    if changed:
+        graph.lint()
+        fw_module.recompile()
+    return fw_module

@@ -30,7 +30,8 @@ recomputed, but is not: a backward that draws a dropout mask again reads the
 saved 8-byte seed instead.  Inductor writes the lookup's index into the source
 of the kernel that computes it inline, so a backward that looked its seeds up
 compiled one kernel per layer (on a 28-layer GPT at budget 0.5, 44 of the 137
-distinct kernels Inductor compiled).
+distinct kernels Inductor compiled).  The forward's lookups are replaced for
+the same reason after extraction (:func:`ckpt.partitioner.extract.share_seed_kernels`).
 """
 
 from __future__ import annotations

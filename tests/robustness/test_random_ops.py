@@ -181,13 +181,14 @@ class DropoutStack(nn.Module):
 
 
 @pytest.mark.compat
-def test_blocks_that_regenerate_their_masks_share_one_backward_kernel():
-    """At budget 0 the backward draws every block's mask again, from the seed the forward saved.
+def test_blocks_that_draw_masks_share_their_kernels():
+    """Alike blocks that draw dropout masks compile one kernel, in the forward and in the backward.
 
     Inductor writes a seed lookup's index into the kernel that computes it, so
-    a backward that looked its seeds up itself would compile one kernel per
-    block.  ckpt saves the looked-up seed (8 bytes) instead, and the blocks'
-    kernels are one.
+    each block would compile a kernel of its own.  At budget 0 the backward
+    draws every block's mask again from the seed the forward saved (8 bytes),
+    and the forward reads each block's seed from a tensor of its own
+    (``ckpt::unbind_seeds``): the blocks' kernels are one.
     """
     from ckpt.records import record_partitions
 
@@ -213,3 +214,7 @@ def test_blocks_that_regenerate_their_masks_share_one_backward_kernel():
     # Distinct sources: each is compiled once (torch 2.9 names a repeated source again, later ones reuse it).
     regenerating = {body for body in backward.values() if "rand" in body}
     assert 1 <= len(regenerating) < depth, sorted(backward)
+    forward = inductor_kernels(codes[0])
+    assert "ckpt.unbind_seeds" in codes[0]
+    drawing = {body for body in forward.values() if "rand" in body}
+    assert 1 <= len(drawing) < depth, sorted(forward)
