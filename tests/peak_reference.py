@@ -399,6 +399,9 @@ def _run(
         for i, kind in enumerate(graph.kinds)
     ]
     start_set = set(start)
+    calls: dict[int, list[int]] = {}  # a library call -> the outputs it allocates while it runs
+    for output, call in graph.call_outputs:
+        calls.setdefault(call, []).append(output)
 
     def walk(stop: int, holds: dict[int, int], events: list[tuple[int, str, int]]) -> tuple[int, int, set[int]]:
         alive = {b for b in start if b in keep or b in last_use}
@@ -406,7 +409,12 @@ def _run(
         held: dict[int, list[int]] = {}  # position -> freed buffers held for the buffer allocated there
         total = sum(nbytes[b] for b in alive)
         peak, at = sum(nbytes[b] for b in start), -1
+        pending: set[int] = set()  # outputs a call has allocated, not yet picked out
         for position, i in enumerate(order):
+            for output in calls.get(i, ()):
+                if output in buffers and output not in start_set and where.get(output, -1) > position:
+                    pending.add(output)
+            pending.discard(i)
             if i in buffers and i not in alive:
                 in_place = False
                 if graph.kinds[i] not in (Materialise.BUFFER, Materialise.FREE) and nbytes[i]:
@@ -436,10 +444,12 @@ def _run(
                 alive.add(i)
                 born[i] = position
                 total += nbytes[i]
-            running = total + scratch[i]  # a library call's own working memory, while it runs
+            # a library call's own working memory while it runs, and the outputs it allocated
+            running = total + scratch[i] + sum(nbytes[b] for b in pending)
             if running > peak or at < 0:
                 peak, at = running, position
             if position == stop:
+                alive |= pending
                 break
             freed = reads[i] | due.get(position, set()) | ({i} if i in buffers else set())
             for b in sorted(freed):

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.nn import functional
 
 from ckpt.backend import CkptPartitioner, PeakWarning
 from ckpt.config import CkptConfig, parse_budget
@@ -411,6 +412,44 @@ def test_a_library_calls_scratch_is_alive_only_while_it_runs() -> None:
         dataclasses.replace(graph, scratch=(0, 0))
 
 
+def test_a_library_calls_outputs_are_allocated_while_its_inputs_are_alive() -> None:
+    # x -> call (returns two tensors) -> a, b (picked out) -> out: the call holds x, a and b at once
+    names = ["x", "call", "a", "b", "out"]
+    graph = forward_only(names, [B, B, B, B, B], [(), (0,), (1,), (1,), (2, 3)], sizes=[10, 0, 4, 4, 1])
+    apart = simulate_peak(graph, (), ())
+    assert apart.forward_bytes == 10  # a and b allocated where they are picked out, after x is freed
+    together = simulate_peak(dataclasses.replace(graph, call_outputs=((2, 1), (3, 1))), (), ())
+    assert together.forward_bytes == 18 and together.node == "call"
+    assert {name for name, _ in together.alive} == {"x", "call", "a", "b"}
+    assert together == reference.simulate_peak(dataclasses.replace(graph, call_outputs=((2, 1), (3, 1))), (), ())
+    with pytest.raises(ValueError, match="must be an input of"):
+        dataclasses.replace(graph, call_outputs=((4, 1),))
+    with pytest.raises(ValueError, match="output twice"):
+        dataclasses.replace(graph, call_outputs=((2, 1), (2, 1)))
+    with pytest.raises(ValueError, match="both must be Materialise.BUFFER"):
+        dataclasses.replace(graph, kinds=(B, B, F, B, B), call_outputs=((2, 1),))
+
+
+def test_attentions_outputs_are_allocated_by_its_call_in_a_traced_model() -> None:
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(32, 96)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).view(2, 16, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            return functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+
+    joint = trace_joint(Attention(), torch.randn(2, 16, 32))
+    graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    calls = {graph.names[call] for _, call in graph.call_outputs}
+    assert any("attention" in name and "backward" not in name for name in calls)
+    assert any("attention" in name and "backward" in name for name in calls)
+    # the backward's call returns the gradients of q, k and v together
+    backward_call = next(graph.names.index(name) for name in calls if "backward" in name)
+    assert sum(1 for _, call in graph.call_outputs if call == backward_call) == 3
+
+
 def test_peak_graph_rejects_forward_references() -> None:
     with pytest.raises(ValueError, match="inputs"):
         PeakGraph(
@@ -673,6 +712,11 @@ def graphs_and_plans(draw: st.DrawFn, kernels: bool = False) -> tuple[PeakGraph,
         out_buffers=frozenset(draw(values)),
         concats=frozenset(draw(values)),
         heavy_ops=frozenset(draw(values)),
+        call_outputs=tuple(
+            (i, inputs[i][-1])
+            for i in range(n)
+            if inputs[i] and kinds[i] is kinds[inputs[i][-1]] is Materialise.BUFFER and draw(st.booleans())
+        ),
     )
     return graph, sorted(draw(values)), sorted(draw(values))
 

@@ -34,7 +34,10 @@ it (through pointwise values), as in a backward that recomputes a dropout's
 output and later takes its gradient; a draw that one kernel reads stays
 inside that kernel.
 ``FREE`` values (parameters, the user's inputs, symbolic sizes) live anyway
-and count nothing.
+and count nothing.  A library call that returns several tensors (attention's
+output and log-sum-exp, its backward's three gradients) allocates them all
+while its inputs are alive (``PeakGraph.call_outputs``): each is alive from
+the call on, not only from where the graph picks it out.
 
 **Where it runs** follows Inductor's fusion: a pointwise value runs in the
 kernel of its first consumer (its inputs stay alive until then), and
@@ -132,6 +135,9 @@ class PeakGraph:
     # Pointwise values whose own op Inductor's CPU code counts as heavy (exp, log, sigmoid, tanh): a
     # value that computes one inline is realised once several values read it.
     heavy_ops: frozenset[int] = frozenset()
+    # (output, call): a library call's outputs that it returns together (SDPA's output and
+    # log-sum-exp, its backward's three gradients); the call allocates them all while it runs.
+    call_outputs: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -146,6 +152,16 @@ class PeakGraph:
         for source, cat in self.concat_inputs:
             if not 0 <= cat < n or source not in self.inputs[cat]:
                 raise ValueError(f"PeakGraph.concat_inputs has ({source}, {cat}): {source} must be an input of {cat}")
+        if len({output for output, _ in self.call_outputs}) != len(self.call_outputs):
+            raise ValueError(f"PeakGraph.call_outputs names an output twice: {self.call_outputs}")
+        for output, call in self.call_outputs:
+            if not 0 <= output < n or call not in self.inputs[output]:
+                raise ValueError(f"PeakGraph.call_outputs has ({output}, {call}): {call} must be an input of {output}")
+            if not self.kinds[output] is self.kinds[call] is Materialise.BUFFER:
+                raise ValueError(
+                    f"PeakGraph.call_outputs has ({output}, {call}): both must be Materialise.BUFFER (a library "
+                    f"call and its output), got {self.kinds[output].name} and {self.kinds[call].name}"
+                )
 
     def __len__(self) -> int:
         return len(self.names)
@@ -231,6 +247,9 @@ class _Simulator:
         self.fixed = graph.concats  # buffers no kernel writes in place of
         for source, cat in graph.concat_inputs:
             self.concats.setdefault(cat, []).append(source)
+        self.call_outputs: dict[int, list[int]] = {}  # library call -> the outputs it allocates while it runs
+        for output, call in graph.call_outputs:
+            self.call_outputs.setdefault(call, []).append(output)
         self._memo: dict[tuple[frozenset[int], frozenset[int]], PeakPrediction] = {}
         self._peaks: dict[tuple[bool, frozenset[int], frozenset[int]], int] = {}  # phases simulated alone
 
@@ -501,6 +520,29 @@ def _reuse_freed(
                 pool.setdefault(nbytes[spans[d][2]], []).append(d)
 
 
+def _allocate_with_calls(
+    spans: list[tuple[int, int, int]], phase: PhaseOrder, calls: dict[int, list[int]], start: set[int]
+) -> None:
+    """Let a library call's outputs be alive from the call on, not from where each is picked out.
+
+    A call that returns several tensors (``PeakGraph.call_outputs``)
+    allocates them all while its inputs are alive; the graph picks each out
+    at a position of its own, after the call, and may free the call's inputs
+    in between.  Each output the phase allocates after its call (not one it
+    starts with) is counted from the call's position on.
+    """
+    order, position = phase.order, phase.position
+    own = {b: s for s, (first, _, b) in enumerate(spans) if order[first] == b and b not in start}
+    for call, outputs in calls.items():
+        at = position[call]
+        if at < 0:
+            continue
+        for output in outputs:
+            s = own.get(output)
+            if s is not None and spans[s][0] > at:
+                spans.append((at, spans[s][0] - 1, output))
+
+
 def _run(
     sim: _Simulator,
     phase: PhaseOrder,
@@ -526,6 +568,8 @@ def _run(
         _write_into_concats(spans, order, sim.concats)
     in_place = _reuse_in_place(spans, phase, index.kinds, nbytes, keep, sim.fixed)
     _reuse_freed(spans, order, nbytes, sim.takes, keep, set(start), in_place)
+    if sim.call_outputs:
+        _allocate_with_calls(spans, phase, sim.call_outputs, set(start))
     change = [0] * (len(order) + 1)
     for first, last, b in spans:
         change[first] += nbytes[b]

@@ -37,6 +37,7 @@ on the result without touching ``torch.fx``.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -245,7 +246,22 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         concat_inputs=concat_inputs,
         concats=concats,
         heavy_ops=frozenset(i for i, n in enumerate(nodes) if kinds[i] is Materialise.FUSIBLE and _cpu_heavy(n)),
+        call_outputs=_call_outputs(nodes, index, kinds),
     )
+
+
+def _call_outputs(nodes: list[fx.Node], index: dict[str, int], kinds: list[Materialise]) -> tuple[tuple[int, int], ...]:
+    """``(output, call)`` for each tensor a library call returns in a tuple, which the call allocates itself."""
+    pairs: list[tuple[int, int]] = []
+    for node in nodes:
+        if node.op != "call_function" or node.target is not operator.getitem:
+            continue
+        call = node.args[0]
+        if not isinstance(call, fx.Node) or call.name not in index:
+            continue
+        if kinds[index[call.name]] is Materialise.BUFFER and kinds[index[node.name]] is Materialise.BUFFER:
+            pairs.append((index[node.name], index[call.name]))
+    return tuple(pairs)
 
 
 def describe(prediction: PeakPrediction) -> dict[str, Any]:
