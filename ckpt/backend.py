@@ -208,7 +208,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         analysis = analyze_joint(
             gm, num_fwd_outputs, self.profile, self._activation_inputs(gm), autograd_saved, measure=self.op_costs
         )
-        peak_graph = build_peak_graph(gm, analysis, num_fwd_outputs)
+        peak_graph = self.planning_graph(build_peak_graph(gm, analysis, num_fwd_outputs))
         plan, budget_bytes, peak_cap, solve_seconds = self.plan(name, analysis, peak_graph)
         caps = self.region_caps(analysis)
         if plan.over_regions:
@@ -280,6 +280,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         extracting the graphs, so tools can plan a traced joint graph exactly
         as the backend would.
         """
+        peak_graph = self.planning_graph(peak_graph)
         # With per-module budgets, the default budget caps the rest of the graph (a region cap).
         budget_bytes = None if self.regions else self.config.budget.resolve(analysis.reference_bytes)
         started = time.perf_counter()
@@ -291,6 +292,23 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         finally:
             self._network = None  # its flows are only worth keeping while this graph is planned
         return plan, budget_bytes, peak_cap, time.perf_counter() - started
+
+    def planning_graph(self, peak_graph: PeakGraph) -> PeakGraph:
+        """The peak graph plans are chosen on: library calls' tuple outputs count only under a peak cap.
+
+        A cap is a promise, so it is planned on the model that counts what
+        Inductor's code allocates while a library call runs (its outputs,
+        ``PeakGraph.call_outputs``), the higher estimate where attention or a
+        convolution's backward peaks.  Without a cap, the budget's tie-break
+        only prefers a lower peak, and it leaves them out: with them it
+        prefers plans whose peak the model's known gap (Inductor fusing
+        kernels that share any read, see the README's known limits)
+        underestimates more.  :meth:`plan` applies this itself; the records
+        predict with the same graph.
+        """
+        if self.config.peak.unlimited and peak_graph.call_outputs:
+            return dataclasses.replace(peak_graph, call_outputs=())
+        return peak_graph
 
     def _activation_inputs(self, gm: fx.GraphModule) -> frozenset[int]:
         """The activation inputs, if the joint graph's primals line up with the compiled graph's inputs."""

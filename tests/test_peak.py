@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch.nn import functional
 
 from ckpt.backend import CkptPartitioner, PeakWarning
-from ckpt.config import CkptConfig, parse_budget
+from ckpt.config import CkptConfig, parse_budget, parse_peak
 from ckpt.measure import peak_memory
 from ckpt.partitioner.peak import Materialise, PeakGraph, backward_peak, forward_peak, simulate_peak
 from ckpt.partitioner.peak_analysis import build_peak_graph, predict_plan
@@ -448,6 +448,19 @@ def test_attentions_outputs_are_allocated_by_its_call_in_a_traced_model() -> Non
     # the backward's call returns the gradients of q, k and v together
     backward_call = next(graph.names.index(name) for name in calls if "backward" in name)
     assert sum(1 for _, call in graph.call_outputs if call == backward_call) == 3
+
+
+def test_only_a_peak_cap_plans_with_library_calls_outputs() -> None:
+    """A cap is planned on the higher estimate (a call's outputs allocated while it runs); a budget alone is not."""
+    names = ["x", "call", "a", "b", "out"]
+    graph = forward_only(names, [B, B, B, B, B], [(), (0,), (1,), (1,), (2, 3)], sizes=[10, 0, 4, 4, 1])
+    graph = dataclasses.replace(graph, call_outputs=((2, 1), (3, 1)))
+    budget_alone = CkptPartitioner(CkptConfig(budget=parse_budget("0.5")), TEST_PROFILE).planning_graph(graph)
+    assert budget_alone.call_outputs == ()
+    assert simulate_peak(budget_alone, (), ()).forward_bytes == 10
+    capped = CkptPartitioner(CkptConfig(peak=parse_peak("1MiB")), TEST_PROFILE).planning_graph(graph)
+    assert capped is graph
+    assert simulate_peak(capped, (), ()).forward_bytes == 18
 
 
 def test_peak_graph_rejects_forward_references() -> None:
