@@ -103,7 +103,7 @@ def _solve_all(layers: int, joint: Joint, profile: DeviceProfile, effort: float)
                 plan.minimum_bytes if plan.over_budget else None,
                 _gap(plan.time, plan.lower_bound),
                 plan_seconds,
-                predict_plan(graph, planned).peak_bytes,
+                predict_plan(partitioner.planning_graph(graph), planned).peak_bytes,  # as the backend records it
             )  # fmt: skip
         )
     return rows
