@@ -16,7 +16,7 @@ from ckpt.config import CkptConfig
 from ckpt.cost_model import measured
 from ckpt.cost_model.measured import MeasurementWarning, OpCosts, cached_costs, cached_or_measured, plan_costs
 from ckpt.partitioner.analysis import analyze_joint, to_picoseconds
-from tests.joint import TEST_PROFILE, trace_joint
+from tests.joint import TEST_PROFILE, CausalSelfAttention, trace_joint
 
 # The timing, the fake-tensor escape and the collective differ across torch versions.
 pytestmark = pytest.mark.compat
@@ -396,20 +396,10 @@ def test_inputs_of_every_dtype_are_drawn_within_the_unit_range_or_zero():
         assert values.abs().max() <= 1 and (values.abs().sum() > 0) == dtype.is_floating_point
 
 
-class _Attention(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.qkv = nn.Linear(16, 48)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(x).view(2, 8, 3, 2, 8).permute(2, 0, 3, 1, 4)
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
 def test_attention_without_dropout_is_timed_forward_and_backward():
     """Its schema is tagged as seeded (it may draw dropout), but with dropout 0 it draws nothing: a library call."""
     torch.manual_seed(0)
-    joint = trace_joint(_Attention(), torch.randn(2, 8, 16))
+    joint = trace_joint(CausalSelfAttention(16, heads=2), torch.randn(2, 8, 16))
     targets = {str(c.target) for c in _calls(joint).values()}
     attention = {t for t in targets if "scaled_dot_product" in t}
     assert any(not t.endswith("_backward.default") for t in attention), targets

@@ -10,7 +10,6 @@ import torch
 import torch.nn as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.nn import functional
 
 from ckpt.backend import CkptPartitioner, PeakWarning
 from ckpt.config import CkptConfig, parse_budget, parse_peak
@@ -22,7 +21,7 @@ from ckpt.partitioner.plan import Plan
 from ckpt.partitioner.problem import Problem
 from ckpt.partitioner.solver import solve
 from tests import peak_reference as reference
-from tests.joint import TEST_PROFILE, trace_joint
+from tests.joint import TEST_PROFILE, CausalSelfAttention, trace_joint
 
 B, F, X = Materialise.BUFFER, Materialise.FUSIBLE, Materialise.FREE
 
@@ -431,16 +430,7 @@ def test_a_library_calls_outputs_are_allocated_while_its_inputs_are_alive() -> N
 
 
 def test_attentions_outputs_are_allocated_by_its_call_in_a_traced_model() -> None:
-    class Attention(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.qkv = nn.Linear(32, 96)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            q, k, v = self.qkv(x).view(2, 16, 3, 4, 8).permute(2, 0, 3, 1, 4)
-            return functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
-
-    joint = trace_joint(Attention(), torch.randn(2, 16, 32))
+    joint = trace_joint(CausalSelfAttention(32, heads=4), torch.randn(2, 16, 32))
     graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
     calls = {graph.names[call] for _, call in graph.call_outputs}
     assert any("attention" in name and "backward" not in name for name in calls)

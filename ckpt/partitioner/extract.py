@@ -151,7 +151,7 @@ def share_seed_kernels(fw_module: fx.GraphModule) -> fx.GraphModule:
         lookups = [
             user
             for user in seeds.users
-            if compat.is_inductor_seed_lookup(user.target) and user.args[0] is seeds and isinstance(user.args[1], int)
+            if compat.is_inductor_seed_lookup(user.target) and isinstance(user.args[1], int)
         ]
         value = seeds.meta.get("val")
         if len(lookups) < 2 or not isinstance(value, torch.Tensor) or value.dim() != 1:
