@@ -49,7 +49,13 @@ from ckpt.cost_model.measured import OpCosts, plan_costs
 from ckpt.cost_model.profiles import GPU_PROFILES, DeviceProfile, gpu_profile_for_name
 from ckpt.module_budgets import frame_regions
 from ckpt.partitioner.analysis import JointAnalysis, analyze_joint, to_picoseconds
-from ckpt.partitioner.extract import drop_dead_random_ops, extract_modules, share_seed_kernels, verify_backward
+from ckpt.partitioner.extract import (
+    drop_dead_random_ops,
+    extract_modules,
+    save_inputs_uncopied,
+    share_seed_kernels,
+    verify_backward,
+)
 from ckpt.partitioner.joint_graph import autograd_saved_names
 from ckpt.partitioner.min_cut import CutNetwork
 from ckpt.partitioner.peak import PeakGraph
@@ -247,6 +253,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         )
         bw_module = drop_dead_random_ops(bw_module)
         fw_module = share_seed_kernels(fw_module)
+        fw_module, bw_module = save_inputs_uncopied(fw_module, bw_module, analysis.uncopied_inputs, num_fwd_outputs)
         verify_backward(bw_module, analysis, plan)
         record = PartitionRecord(
             name,

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from ckpt.tools.demo import GPTBlock
-from tests.conftest import assert_close_grads, compiled_step, eager_step
+from tests.conftest import assert_close_grads, compiled_step, eager_step, run_step
 
 pytestmark = pytest.mark.compile
 
@@ -68,3 +68,45 @@ def test_inference_graph_passes_through(model_and_input):
         out = compiled(x)
     torch.testing.assert_close(out, model(x))
     assert records == []
+
+
+class ConvStack(nn.Module):
+    """Convolutions wide enough that Inductor lays them out channels-last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x).square().mean()
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("budget", ["none", "0.0"])
+def test_convolution_weights_are_saved_as_themselves(budget):
+    """Inductor makes channels-last copies of a convolution's weight and input; the backward reads
+    the parameters and the input themselves, so no copy of them stays alive between the passes."""
+    torch.manual_seed(0)
+    model, x = ConvStack(), torch.randn(4, 16, 16, 16)
+    want = eager_step(model, [x])
+    compiled = torch.compile(model, backend="ckpt", options={"memory_budget": budget})
+    shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 4} | {tuple(x.shape)}
+    storages = {p.untyped_storage().data_ptr() for p in model.parameters()} | {x.untyped_storage().data_ptr()}
+    copies: list[tuple[int, ...]] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if tuple(tensor.shape) in shapes and tensor.untyped_storage().data_ptr() not in storages:
+            copies.append(tuple(tensor.shape))
+        return tensor
+
+    got = run_step(model, compiled, [x])
+    assert_close_grads(got, want)
+    (record,) = got.records
+    assert record.analysis.uncopied_inputs, "Inductor should lay this net out channels-last"
+    assert got.saved_bytes == record.plan.bytes
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = compiled(x)
+    loss.backward()
+    assert copies == []

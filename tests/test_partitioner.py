@@ -158,8 +158,9 @@ def test_the_fraction_reference_is_what_autograd_saves(name):
     """A fraction's base equals the bytes that AOTAutograd's default partition saves, measured.
 
     Graph inputs are left out: for Inductor, ckpt charges the channels-last
-    copy of a convolution's input or weight that saving it keeps alive, which
-    this path without Inductor does not make.
+    copy of a convolution's input or weight that saving it would keep alive
+    where it cannot save the input itself, a copy this path without Inductor
+    does not make.
     """
     torch.manual_seed(0)
     model, x = MODELS[name]()

@@ -66,7 +66,7 @@ from ckpt.partitioner.joint_graph import (
 )
 from ckpt.partitioner.problem import Problem, ProblemError, evaluate
 
-__all__ = ["JointAnalysis", "analyze_joint", "to_picoseconds"]
+__all__ = ["JointAnalysis", "analyze_joint", "can_save_uncopied", "to_picoseconds"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,8 @@ class JointAnalysis:
     save_bytes_exprs: tuple[Size, ...]  # save_bytes as expressions in the size symbols
     size_hints: dict[Any, int]  # size symbol -> hint
     copied_inputs: frozenset[str] = frozenset()  # graph inputs Inductor copies to channels-last (by name)
+    # Those of them the forward saves as themselves, not as their copies (see extract.save_inputs_uncopied).
+    uncopied_inputs: frozenset[str] = frozenset()
     measured_seconds: dict[str, float] = field(default_factory=dict)  # library calls timed on the device, by name
     scratch_bytes: dict[str, int] = field(default_factory=dict)  # their working memory beyond their outputs, by name
 
@@ -125,6 +127,7 @@ class _Context:
     fwd_output_roots: set[fx.Node]
     charged_inputs: set[fx.Node]  # graph inputs whose saving keeps memory alive
     copied_inputs: set[fx.Node]  # graph inputs Inductor copies to channels-last for its convolutions
+    uncopied_inputs: set[fx.Node]  # those of them saved as themselves
     measured: dict[str, float] = field(default_factory=dict)  # measured seconds of library calls, by node name
     scratch: dict[str, int] = field(default_factory=dict)  # their measured working memory in bytes, by node name
 
@@ -217,6 +220,7 @@ def analyze_joint(
         save_bytes_exprs=tuple(r.save_bytes_expr for r in rows),
         size_hints=context.sizes.hints,
         copied_inputs=frozenset(n.name for n in context.copied_inputs),
+        uncopied_inputs=frozenset(n.name for n in context.uncopied_inputs),
         measured_seconds=dict(context.measured),
         scratch_bytes=dict(context.scratch),
     )
@@ -241,8 +245,11 @@ def _context(
         for root in read_roots(node, kinds):
             users.setdefault(root, []).append(node)
     copied_inputs = _inputs_copied_for_convolution(joint, lambda n: root_of(n, kinds))
+    uncopied_inputs = {n for n in copied_inputs if can_save_uncopied(n.meta.get("val"))}
     primals = [n for n in joint.graph.nodes if n.op == "placeholder" and compat.is_primal(n)]
-    charged_inputs = copied_inputs | {primals[i] for i in sorted(activation_inputs) if i < len(primals)}
+    charged_inputs = (copied_inputs - uncopied_inputs) | {
+        primals[i] for i in sorted(activation_inputs) if i < len(primals)
+    }
     return _Context(
         profile=profile,
         sizes=sizes,
@@ -253,6 +260,7 @@ def _context(
         fwd_output_roots={root_of(n, kinds) for n in graph.fwd_outputs},
         charged_inputs=charged_inputs,
         copied_inputs=copied_inputs,
+        uncopied_inputs=uncopied_inputs,
     )
 
 
@@ -355,6 +363,17 @@ def _inputs_copied_for_convolution(joint: fx.GraphModule, root: Any) -> set[fx.N
             ):
                 copied.add(base)
     return copied
+
+
+def can_save_uncopied(value: Any) -> bool:
+    """Whether a graph input Inductor copies to channels-last can be saved as a 1-d view of itself.
+
+    It must be contiguous, so that the view is its own storage, and of known
+    size.  :func:`ckpt.partitioner.extract.save_inputs_uncopied` does it.
+    """
+    return (
+        isinstance(value, torch.Tensor) and all(isinstance(size, int) for size in value.shape) and value.is_contiguous()
+    )
 
 
 def _no_recompute_plan(problem: Problem) -> frozenset[int]:

@@ -13,6 +13,9 @@ step's dropout masks would differ from eager.
 
 One pass finishes the forward: its seed lookups become reads of tensors of
 their own (:func:`share_seed_kernels`), so that layers alike share kernels.
+And one finishes both: the parameters and inputs that Inductor copies to
+channels-last for its convolutions are saved as themselves, not as their
+copies (:func:`save_inputs_uncopied`).
 """
 
 from __future__ import annotations
@@ -25,15 +28,17 @@ import torch.fx as fx
 
 from ckpt import _torch_compat as compat
 from ckpt.cost_model.ops import OpKind, classify
-from ckpt.partitioner.analysis import JointAnalysis
+from ckpt.partitioner.analysis import JointAnalysis, can_save_uncopied
 from ckpt.partitioner.plan import Plan
 
 __all__ = [
     "ExtractionError",
     "RandomInBackwardError",
+    "channels_last_copy",
     "drop_dead_random_ops",
     "extract_modules",
     "recomputed_in_backward",
+    "save_inputs_uncopied",
     "share_seed_kernels",
     "unbind_seeds",
     "verify_backward",
@@ -173,3 +178,78 @@ def share_seed_kernels(fw_module: fx.GraphModule) -> fx.GraphModule:
         graph.lint()
         fw_module.recompile()
     return fw_module
+
+
+@torch.library.custom_op("ckpt::channels_last_copy", mutates_args=())
+def channels_last_copy(value: torch.Tensor) -> torch.Tensor:
+    """A channels-last copy of a 4-d tensor, made by a library call rather than a kernel of Inductor's."""
+    return value.clone(memory_format=torch.channels_last)
+
+
+@channels_last_copy.register_fake
+def _channels_last_copy_fake(value: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(value, memory_format=torch.channels_last)
+
+
+def save_inputs_uncopied(
+    fw_module: fx.GraphModule, bw_module: fx.GraphModule, inputs: frozenset[str], num_fwd_outputs: int
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Save the graph inputs Inductor copies to channels-last as they are, not as their copies.
+
+    Under layout optimisation Inductor gives a convolution's weight (and
+    image) a channels-last copy, and a forward output that is such an input
+    is returned as that copy: a saved weight then holds a second copy of
+    itself until the backward.  Here the forward saves a 1-d view of each
+    such input instead (Inductor lays out only 4-d values channels-last, so
+    the view is the input's own storage) and the backward views it back;
+    the backward's convolutions make their own short-lived copies.
+    ``inputs`` names the inputs to treat so (``JointAnalysis.uncopied_inputs``:
+    the analysis prices them as saved for free); one that is also a
+    user-visible output of the forward is left alone.
+    """
+    result = fw_module.graph.output_node().args[0]
+    outputs: list[Any] = list(result) if isinstance(result, (tuple, list)) else []
+    backward_inputs = {n.name: n for n in bw_module.graph.find_nodes(op="placeholder")}
+    last_input = list(backward_inputs.values())[-1] if backward_inputs else None
+    changed = False
+    for position in range(num_fwd_outputs, len(outputs)):
+        node = outputs[position]
+        if not isinstance(node, fx.Node) or node.op != "placeholder" or node.name not in inputs:
+            continue
+        target = backward_inputs.get(node.name)
+        value, original = node.meta.get("val"), target.meta.get("val") if target is not None else None
+        if (
+            target is None
+            or not isinstance(value, torch.Tensor)
+            or not isinstance(original, torch.Tensor)
+            or not can_save_uncopied(value)
+            or outputs.index(node) != position
+        ):
+            continue
+        shape = list(value.shape)
+        with fw_module.graph.inserting_after(node):
+            flat = fw_module.graph.call_function(torch.ops.aten.view.default, (node, [value.numel()]))
+        flat.meta["val"] = value.view(-1)
+        outputs[position] = flat
+        readers = list(target.users)
+        with bw_module.graph.inserting_after(last_input):
+            restored = bw_module.graph.call_function(torch.ops.aten.view.default, (target, shape))
+        restored.meta["val"] = original
+        for reader in readers:
+            if reader.target is torch.ops.aten.convolution.default:
+                # A recomputed convolution: its copy comes from a library call, so that no kernel
+                # of Inductor's fuses the copy (which changed the layouts it chose for the activations).
+                with bw_module.graph.inserting_before(reader):
+                    copy = bw_module.graph.call_function(torch.ops.ckpt.channels_last_copy.default, (restored,))
+                copy.meta["val"] = _channels_last_copy_fake(original)
+                reader.replace_input_with(target, copy)
+            else:
+                reader.replace_input_with(target, restored)
+        target.meta["val"] = original.view(-1)
+        changed = True
+    if changed:
+        fw_module.graph.output_node().args = (tuple(outputs),)
+        for module in (fw_module, bw_module):
+            module.graph.lint()
+            module.recompile()
+    return fw_module, bw_module

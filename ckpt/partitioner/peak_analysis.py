@@ -16,9 +16,12 @@ on the result without touching ``torch.fx``.
   dtype, so that all its readers see the same numbers, and keeps it when
   more than one kernel reads it (a backward that recomputes a dropout's output
   holds the draw until the dropout's gradient reads it).  Parameters and the user's inputs live
-  anyway and count nothing, except the channels-last copies Inductor makes of
-  those a convolution reads (allocated where the convolution runs, like a
-  pointwise value a library call reads); tangents count.
+  anyway and count nothing; tangents count.  Inductor gives a convolution
+  channels-last copies of the inputs it reads (its weight, an image): those
+  the forward saves as themselves (``JointAnalysis.uncopied_inputs``) are a
+  copy of each convolution's own, alive while it runs (its scratch); any
+  other is allocated where the convolution reads it, like a pointwise value a
+  library call reads, and a saved one is held to the backward.
 * **addmm.**  Inductor rewrites ``add(mm(a, b), c)`` into one ``addmm``
   (:func:`_addmm_pairs`): the sum allocates as a library call's output and
   the product allocates nothing.
@@ -90,8 +93,10 @@ def _kind(node: fx.Node, analysis: JointAnalysis, backward: bool) -> Materialise
     if node.op == "placeholder":
         if backward and isinstance(value, torch.Tensor):
             return Materialise.BUFFER
-        # A channels-last copy for a convolution: allocated where the convolution reads it.
-        return Materialise.FUSIBLE if node.name in analysis.copied_inputs else Materialise.FREE
+        # A channels-last copy for a convolution: allocated where the convolution reads it. One the
+        # forward saves as itself is a copy of each convolution's own (its scratch, see _copy_scratch).
+        copied = node.name in analysis.copied_inputs and node.name not in analysis.uncopied_inputs
+        return Materialise.FUSIBLE if copied else Materialise.FREE
     if node.op != "call_function":
         return Materialise.FREE
     estimate = analysis.estimates.get(node.name)
@@ -241,13 +246,27 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         gradients=gradients,
         tangents=frozenset(i for i, n in enumerate(nodes) if n.op == "placeholder" and backward[i]),
         problem_index=tuple(index[name] for name in analysis.problem.names),
-        scratch=tuple(analysis.scratch_bytes.get(n.name, 0) for n in nodes) if analysis.scratch_bytes else (),
+        scratch=_scratch(nodes, analysis, sizes),
         out_buffers=frozenset(out_buffers),
         concat_inputs=concat_inputs,
         concats=concats,
         heavy_ops=frozenset(i for i, n in enumerate(nodes) if kinds[i] is Materialise.FUSIBLE and _cpu_heavy(n)),
         call_outputs=_call_outputs(nodes, index, kinds),
     )
+
+
+def _scratch(nodes: list[fx.Node], analysis: JointAnalysis, sizes: SizeEvaluator) -> tuple[int, ...]:
+    """Each value's working memory while it runs: a library call's measured scratch, and a
+    convolution's channels-last copies of the inputs the forward saves as themselves."""
+    scratch = [analysis.scratch_bytes.get(n.name, 0) for n in nodes]
+    if analysis.uncopied_inputs:
+        roots = analysis.root_names
+        for i, node in enumerate(nodes):
+            if node.op == "call_function" and node.target is torch.ops.aten.convolution.default:
+                for arg in node.args[:2]:
+                    if isinstance(arg, fx.Node) and roots.get(arg.name, arg.name) in analysis.uncopied_inputs:
+                        scratch[i] += _nbytes(arg, sizes)
+    return tuple(scratch) if any(scratch) else ()
 
 
 def _call_outputs(nodes: list[fx.Node], index: dict[str, int], kinds: list[Materialise]) -> tuple[tuple[int, int], ...]:
