@@ -165,7 +165,10 @@ def peak_walk(
             log.debug("peak walk: pinned %s", problem.names[pin])
         elif peak_cap is not None and plan.bytes > 0:
             # The forward holds every saved byte, so a forward peak needs the whole excess dropped.
-            excess = prediction.peak_bytes - peak_cap
+            # A step drops at most a quarter of the peak, so that under any cap far below the
+            # plans' peaks the walk takes the same steps: the lowest peak it finds, used when
+            # the cap cannot be reached, is then the same for every such cap.
+            excess = min(prediction.peak_bytes - peak_cap, prediction.peak_bytes // 4)
             excess = excess if prediction.phase == "forward" else excess // 4
             budget = max(0, plan.bytes - max(1, excess))
         else:
