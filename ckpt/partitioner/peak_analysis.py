@@ -257,15 +257,22 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
 
 def _scratch(nodes: list[fx.Node], analysis: JointAnalysis, sizes: SizeEvaluator) -> tuple[int, ...]:
     """Each value's working memory while it runs: a library call's measured scratch, and a
-    convolution's channels-last copies of the inputs the forward saves as themselves."""
+    convolution's (or its backward's) channels-last copies of the inputs the forward saves as themselves."""
     scratch = [analysis.scratch_bytes.get(n.name, 0) for n in nodes]
     if analysis.uncopied_inputs:
         roots = analysis.root_names
         for i, node in enumerate(nodes):
-            if node.op == "call_function" and node.target is torch.ops.aten.convolution.default:
-                for arg in node.args[:2]:
-                    if isinstance(arg, fx.Node) and roots.get(arg.name, arg.name) in analysis.uncopied_inputs:
-                        scratch[i] += _nbytes(arg, sizes)
+            if node.op != "call_function":
+                continue
+            if node.target is torch.ops.aten.convolution.default:
+                read = node.args[:2]  # input, weight
+            elif node.target is torch.ops.aten.convolution_backward.default:
+                read = node.args[1:3]  # input, weight: the library converts them to the gradient's layout
+            else:
+                continue
+            for arg in read:
+                if isinstance(arg, fx.Node) and roots.get(arg.name, arg.name) in analysis.uncopied_inputs:
+                    scratch[i] += _nbytes(arg, sizes)
     return tuple(scratch) if any(scratch) else ()
 
 
