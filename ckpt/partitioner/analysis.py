@@ -66,7 +66,7 @@ from ckpt.partitioner.joint_graph import (
 )
 from ckpt.partitioner.problem import Problem, ProblemError, evaluate
 
-__all__ = ["JointAnalysis", "analyze_joint", "can_save_uncopied", "to_picoseconds"]
+__all__ = ["JointAnalysis", "analyze_joint", "to_picoseconds"]
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ def _context(
         for root in read_roots(node, kinds):
             users.setdefault(root, []).append(node)
     copied_inputs = _inputs_copied_for_convolution(joint, lambda n: root_of(n, kinds))
-    uncopied_inputs = {n for n in copied_inputs if can_save_uncopied(n.meta.get("val"))}
+    uncopied_inputs = {n for n in copied_inputs if _can_save_uncopied(n.meta.get("val"))}
     primals = [n for n in joint.graph.nodes if n.op == "placeholder" and compat.is_primal(n)]
     charged_inputs = (copied_inputs - uncopied_inputs) | {
         primals[i] for i in sorted(activation_inputs) if i < len(primals)
@@ -365,7 +365,7 @@ def _inputs_copied_for_convolution(joint: fx.GraphModule, root: Any) -> set[fx.N
     return copied
 
 
-def can_save_uncopied(value: Any) -> bool:
+def _can_save_uncopied(value: Any) -> bool:
     """Whether a graph input Inductor copies to channels-last can be saved as a 1-d view of itself.
 
     It must be contiguous, so that the view is its own storage, and of known

@@ -28,7 +28,7 @@ import torch.fx as fx
 
 from ckpt import _torch_compat as compat
 from ckpt.cost_model.ops import OpKind, classify
-from ckpt.partitioner.analysis import JointAnalysis, can_save_uncopied
+from ckpt.partitioner.analysis import JointAnalysis
 from ckpt.partitioner.plan import Plan
 
 __all__ = [
@@ -204,8 +204,9 @@ def save_inputs_uncopied(
     the view is the input's own storage) and the backward views it back;
     the backward's convolutions make their own short-lived copies.
     ``inputs`` names the inputs to treat so (``JointAnalysis.uncopied_inputs``:
-    the analysis prices them as saved for free); one that is also a
-    user-visible output of the forward is left alone.
+    the analysis chose them, contiguous and of known size, and prices them as
+    saved for free); one that is also a user-visible output of the forward is
+    left alone.
     """
     result = fw_module.graph.output_node().args[0]
     outputs: list[Any] = list(result) if isinstance(result, (tuple, list)) else []
@@ -217,14 +218,8 @@ def save_inputs_uncopied(
         if not isinstance(node, fx.Node) or node.op != "placeholder" or node.name not in inputs:
             continue
         target = backward_inputs.get(node.name)
-        value, original = node.meta.get("val"), target.meta.get("val") if target is not None else None
-        if (
-            target is None
-            or not isinstance(value, torch.Tensor)
-            or not isinstance(original, torch.Tensor)
-            or not can_save_uncopied(value)
-            or outputs.index(node) != position
-        ):
+        value, original = node.meta["val"], target.meta.get("val") if target is not None else None
+        if target is None or not isinstance(original, torch.Tensor) or outputs.index(node) != position:
             continue
         shape = list(value.shape)
         with fw_module.graph.inserting_after(node):

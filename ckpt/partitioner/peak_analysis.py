@@ -94,7 +94,7 @@ def _kind(node: fx.Node, analysis: JointAnalysis, backward: bool) -> Materialise
         if backward and isinstance(value, torch.Tensor):
             return Materialise.BUFFER
         # A channels-last copy for a convolution: allocated where the convolution reads it. One the
-        # forward saves as itself is a copy of each convolution's own (its scratch, see _copy_scratch).
+        # forward saves as itself is a copy of each convolution's own (its scratch, see _scratch).
         copied = node.name in analysis.copied_inputs and node.name not in analysis.uncopied_inputs
         return Materialise.FUSIBLE if copied else Materialise.FREE
     if node.op != "call_function":
