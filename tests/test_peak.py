@@ -16,7 +16,14 @@ from ckpt.config import CkptConfig, parse_budget, parse_peak
 from ckpt.measure import peak_memory
 from ckpt.partitioner.peak import Materialise, PeakGraph, backward_peak, forward_peak, simulate_peak
 from ckpt.partitioner.peak_analysis import build_peak_graph, predict_plan
-from ckpt.partitioner.peak_search import PEAK_RESOLUTION, REFERENCE_RUNGS, budget_peak, cap_peak, lowest_peak_within
+from ckpt.partitioner.peak_search import (
+    PEAK_RESOLUTION,
+    REFERENCE_RUNGS,
+    budget_peak,
+    cap_peak,
+    lowest_peak_within,
+    segment_plans,
+)
 from ckpt.partitioner.plan import Plan
 from ckpt.partitioner.problem import Problem
 from ckpt.partitioner.solver import solve
@@ -582,6 +589,23 @@ def test_budget_alone_finds_lower_peaks_the_walk_does_not_reach_at_the_same_time
     assert predicted(graph, fastest) == 131
     assert result.search.plan.bytes <= 40 and result.search.plan.time <= fastest.time
     assert result.search.prediction.peak_bytes == predicted(graph, result.search.plan) == 64
+
+
+def test_without_a_budget_the_plan_peaks_no_higher_than_an_equally_fast_segment_plan() -> None:
+    # Recomputing costs nothing here, so the fastest plan saves nothing and holds the whole chain
+    # again (131 bytes); saving segment boundaries is as fast and peaks far lower.
+    problem, graph = chain_problem(12)
+    problem = dataclasses.replace(problem, recompute_time=(0,) * len(problem))
+    solve_pinned = solver_for(problem)
+    fastest = solve(problem, None)
+    segments = [c for c in segment_plans(problem, graph, solve_pinned, None) if c.plan.time <= fastest.time]
+    result = budget_peak(problem, graph, solve_pinned, None, slack=0)
+    assert predicted(graph, fastest) == 131 and segments
+    assert result.search.plan.time == fastest.time
+    assert result.search.prediction.peak_bytes <= min(c.prediction.peak_bytes for c in segments)
+    # A budget the plan without one keeps changes nothing.
+    within = budget_peak(problem, graph, solve_pinned, result.search.plan.bytes, slack=0)
+    assert within.search.plan.saved == result.search.plan.saved and not within.raises_peak
 
 
 @given(layers=st.integers(2, 14), budget=st.integers(0, 140), smaller=st.integers(0, 140))

@@ -27,7 +27,7 @@ plans and the walks' (from the solver's own plan, and from the best segment
 plan when no segment plan is within the cap; each walk stops at its first
 plan within the cap, since its plans only get slower).  A smaller cap
 searches further, so the predicted peak falls with the cap.
-:func:`lowest_peak_within` is the tie-break under a budget alone: among the
+:func:`lowest_peak_within` is the tie-break without a peak cap (a budget, or none): among the
 walk's plans within the budget and a time limit (the 1% slack), the lowest
 peak; :func:`budget_peak` continues it from the segment plans, and adds the
 guard that makes a smaller budget not raise the peak while it can avoid it:
@@ -193,12 +193,15 @@ class _Candidate:
     pins: frozenset[int]  # what the plan was solved with
 
 
-def segment_plans(problem: Problem, graph: PeakGraph, solve_fn: SolveFn, budget_bytes: int | None) -> list[_Candidate]:
+def segment_plans(
+    problem: Problem, graph: PeakGraph, solve_fn: SolveFn, budget_bytes: int | None, max_time: int | None = None
+) -> list[_Candidate]:
     """The solver's plans with the forward cut into segments (:mod:`ckpt.partitioner.segments`), fewest cuts first.
 
     A pin set whose bytes alone exceed the budget is skipped; the first plan
     over the budget (pins and what must be saved anyway) ends the list, as
-    more segments only pin more.
+    more segments only pin more.  With ``max_time``, plans slower than it are
+    left out before their peak is simulated.
     """
     plans: list[_Candidate] = []
     for pins in segment_pin_sets(problem, graph):
@@ -207,6 +210,8 @@ def segment_plans(problem: Problem, graph: PeakGraph, solve_fn: SolveFn, budget_
         plan = solve_fn(budget_bytes, pins)
         if not _within_budget(plan, budget_bytes):
             break
+        if max_time is not None and plan.time > max_time:
+            continue
         plans.append(_Candidate(plan, predict_plan(graph, plan), pins))
     return plans
 
@@ -340,8 +345,8 @@ def _segment_tie_break(
     """
     fits = [
         c
-        for c in segment_plans(problem, graph, solve_fn, budget_bytes)
-        if c.plan.time <= max_time and c.prediction.peak_bytes < result.prediction.peak_bytes * (1 - PEAK_RESOLUTION)
+        for c in segment_plans(problem, graph, solve_fn, budget_bytes, max_time)
+        if c.prediction.peak_bytes < result.prediction.peak_bytes * (1 - PEAK_RESOLUTION)
     ]
     if not fits:
         return result
@@ -380,7 +385,9 @@ def budget_peak(
     1. The tie-break: among the walk's plans within the budget and within
        ``slack`` picoseconds of the fastest, the lowest peak; then, if a
        segment plan within both peaks lower, the walk from the lowest of
-       them (:func:`_segment_tie_break`).
+       them (:func:`_segment_tie_break`).  Without a budget this is the
+       plan, and so it is under a budget that this plan keeps (a budget
+       only makes the fastest plan slower, so it is within the slack too).
     2. The reference: the lowest predicted peak among the plan without a
        budget (its tie-break applied) and the solver's plans at the larger
        budgets of a fixed ladder (:data:`REFERENCE_RUNGS` of what the plan
@@ -396,12 +403,17 @@ def budget_peak(
     def time_limit(budget: int | None) -> int:
         return solve_fn(budget, frozenset()).time + slack  # the fastest plan's time, plus the slack
 
-    max_time = time_limit(budget_bytes)
-    result = lowest_peak_within(problem, graph, solve_fn, budget_bytes, max_time)
-    if budget_bytes is None:
-        return BudgetPeakResult(result, result.prediction.peak_bytes, False)
-    result = _segment_tie_break(problem, graph, solve_fn, budget_bytes, max_time, result)
-    free = lowest_peak_within(problem, graph, solve_fn, None, time_limit(None))
+    def tie_break(budget: int | None) -> PeakSearchResult:
+        max_time = time_limit(budget)
+        result = lowest_peak_within(problem, graph, solve_fn, budget, max_time)
+        return _segment_tie_break(problem, graph, solve_fn, budget, max_time, result)
+
+    free = tie_break(None)
+    if budget_bytes is None or _within_budget(free.plan, budget_bytes):
+        # A budget the plan without one keeps changes nothing: that plan is within the budget's
+        # slack too (a budget only makes the fastest plan slower).
+        return BudgetPeakResult(free, free.prediction.peak_bytes, False)
+    result = tie_break(budget_bytes)
     reference = free.prediction.peak_bytes
     for fraction in REFERENCE_RUNGS:
         rung = int(free.plan.bytes * fraction)
