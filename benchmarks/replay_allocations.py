@@ -14,7 +14,10 @@ allocations line by line:
 * a library call that returns a tuple (attention, convolution's backward)
   allocates each tensor picked out of it (``bufM = bufN[i]``), sized by the
   ``assert_size_stride`` that follows (as float32: the assertion names no
-  dtype, so a half-precision model's picked tensors count double).
+  dtype, so a half-precision model's picked tensors count double);
+* a library call without ``out=`` that returns one tensor (a convolution,
+  a custom op's copy) allocates it, sized by the ``assert_size_stride`` on
+  its own name that follows (as float32 too).
 
 The forward's saved outputs become the backward's inputs and stay alive
 until the backward deletes them.  Parameters and the user's inputs are not
@@ -162,8 +165,10 @@ class _Allocations:
                 self.drop(match[1])
             elif (match := _PICK.match(line)) and match[2] in self.tuples:
                 self.picked.add(match[1])
-            elif (match := _SIZE.match(line)) and match[1] in self.picked:
+            elif (match := _SIZE.match(line)) and (match[1] in self.picked or match[1] in self.tuples):
+                # a tensor picked out of a call's tuple, or a call's own tensor result
                 self.picked.discard(match[1])
+                self.tuples.discard(match[1])
                 self.allocate(match[1], _storage_bytes(match[2], match[3], "float32"), line)
             elif (match := _CALL.match(line)) and "out=" not in line:
                 self.tuples.add(match[1])

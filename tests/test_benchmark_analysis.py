@@ -125,3 +125,29 @@ def test_replay_counts_the_wrapper_codes_allocations_and_passes_saved_values_to_
     assert backward.end_bytes == 64 + 8 + 128 + 8
     with pytest.raises(ValueError, match="no `def call"):
         call_body("x = 1")
+
+
+def test_replay_counts_a_library_call_that_returns_one_tensor():
+    from benchmarks.replay_allocations import replay_step
+
+    forward_code = """
+class Runner:
+    def call(self, args):
+        primals_1, = args
+        buf0 = extern_kernels.convolution(primals_1, primals_1, stride=(1, 1))
+        assert_size_stride(buf0, (2, 8), (8, 1), 'torch.ops.aten.convolution.default')
+        buf1 = torch.ops.ckpt.channels_last_copy.default(buf0)
+        assert_size_stride(buf1, (2, 8), (8, 1), 'torch.ops.ckpt.channels_last_copy.default')
+        del buf0
+        return (buf1, )
+"""
+    backward_code = """
+class Runner:
+    def call(self, args):
+        tangents_1, = args
+        return (None, )
+"""
+    forward, backward = replay_step(forward_code, backward_code)
+    # the convolution's 64 bytes, then the copy's 64 while the convolution's result is alive
+    assert forward.peak_bytes == 128 and dict(forward.alive) == {"buf0": 64, "buf1": 64}
+    assert forward.end_bytes == 64 and backward.end_bytes == 64
