@@ -126,7 +126,7 @@ class _Allocations:
         self.peak = 0
         self.peak_line = ""
         self.peak_alive: tuple[tuple[str, int], ...] = ()
-        self.tuples: set[str] = set()  # names bound to a library call's tuple of tensors
+        self.call_results: set[str] = set()  # names bound to a library call's result (a tuple, or a tensor)
         self.picked: set[str] = set()  # tensors picked out of a tuple, sized by the next size assertion
         self._next = 0
 
@@ -163,15 +163,15 @@ class _Allocations:
                 self.storage[match[1]] = self.storage[match[2]]
             elif match := _DELETE.match(line):
                 self.drop(match[1])
-            elif (match := _PICK.match(line)) and match[2] in self.tuples:
+            elif (match := _PICK.match(line)) and match[2] in self.call_results:
                 self.picked.add(match[1])
-            elif (match := _SIZE.match(line)) and (match[1] in self.picked or match[1] in self.tuples):
+            elif (match := _SIZE.match(line)) and (match[1] in self.picked or match[1] in self.call_results):
                 # a tensor picked out of a call's tuple, or a call's own tensor result
                 self.picked.discard(match[1])
-                self.tuples.discard(match[1])
+                self.call_results.discard(match[1])
                 self.allocate(match[1], _storage_bytes(match[2], match[3], "float32"), line)
             elif (match := _CALL.match(line)) and "out=" not in line:
-                self.tuples.add(match[1])
+                self.call_results.add(match[1])
 
 
 def _returned(body: list[str]) -> list[str]:

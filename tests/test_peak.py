@@ -598,7 +598,7 @@ def test_without_a_budget_the_plan_peaks_no_higher_than_an_equally_fast_segment_
     problem = dataclasses.replace(problem, recompute_time=(0,) * len(problem))
     solve_pinned = solver_for(problem)
     fastest = solve(problem, None)
-    segments = [c for c in segment_plans(problem, graph, solve_pinned, None) if c.plan.time <= fastest.time]
+    segments = segment_plans(problem, graph, solve_pinned, None, max_time=fastest.time)
     result = budget_peak(problem, graph, solve_pinned, None, slack=0)
     assert predicted(graph, fastest) == 131 and segments
     assert result.search.plan.time == fastest.time

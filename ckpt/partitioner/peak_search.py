@@ -43,7 +43,7 @@ Plain data only: the solver is passed in as a function.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ckpt.partitioner.peak import PeakGraph, PeakPrediction, backward_peak, forward_peak, predict_plan
@@ -194,17 +194,23 @@ class _Candidate:
 
 
 def segment_plans(
-    problem: Problem, graph: PeakGraph, solve_fn: SolveFn, budget_bytes: int | None, max_time: int | None = None
+    problem: Problem,
+    graph: PeakGraph,
+    solve_fn: SolveFn,
+    budget_bytes: int | None,
+    max_time: int | None = None,
+    pin_sets: Sequence[frozenset[int]] | None = None,
 ) -> list[_Candidate]:
     """The solver's plans with the forward cut into segments (:mod:`ckpt.partitioner.segments`), fewest cuts first.
 
     A pin set whose bytes alone exceed the budget is skipped; the first plan
     over the budget (pins and what must be saved anyway) ends the list, as
     more segments only pin more.  With ``max_time``, plans slower than it are
-    left out before their peak is simulated.
+    left out before their peak is simulated.  ``pin_sets``: the graph's
+    :func:`~ckpt.partitioner.segments.segment_pin_sets`, if the caller has them.
     """
     plans: list[_Candidate] = []
-    for pins in segment_pin_sets(problem, graph):
+    for pins in segment_pin_sets(problem, graph) if pin_sets is None else pin_sets:
         if budget_bytes is not None and sum(problem.save_bytes[i] for i in pins) > budget_bytes:
             continue
         plan = solve_fn(budget_bytes, pins)
@@ -224,6 +230,7 @@ def cap_peak(
     peak_cap: int,
     *,
     fastest: bool = True,
+    pin_sets: Sequence[frozenset[int]] | None = None,
 ) -> PeakSearchResult:
     """The fastest plan found whose predicted peak is within ``peak_cap`` (and the budget).
 
@@ -246,7 +253,7 @@ def cap_peak(
     within the budget, if any is, with ``within_cap`` false: the budget is
     kept before the peak is lowered.
     """
-    candidates = segment_plans(problem, graph, solve_fn, budget_bytes)
+    candidates = segment_plans(problem, graph, solve_fn, budget_bytes, pin_sets=pin_sets)
     fits = [c for c in candidates if c.prediction.peak_bytes <= peak_cap]
     best = min(fits, key=lambda c: (c.plan.time, c.prediction.peak_bytes)) if fits else None
     start_peak = predict_plan(graph, solve_fn(budget_bytes, frozenset())).peak_bytes
@@ -333,6 +340,7 @@ def _segment_tie_break(
     budget_bytes: int | None,
     max_time: int,
     result: PeakSearchResult,
+    pin_sets: Sequence[frozenset[int]],
 ) -> PeakSearchResult:
     """The tie-break continued from the segment plans: ``result`` or a lower peak within ``max_time``.
 
@@ -345,7 +353,7 @@ def _segment_tie_break(
     """
     fits = [
         c
-        for c in segment_plans(problem, graph, solve_fn, budget_bytes, max_time)
+        for c in segment_plans(problem, graph, solve_fn, budget_bytes, max_time, pin_sets)
         if c.prediction.peak_bytes < result.prediction.peak_bytes * (1 - PEAK_RESOLUTION)
     ]
     if not fits:
@@ -403,10 +411,12 @@ def budget_peak(
     def time_limit(budget: int | None) -> int:
         return solve_fn(budget, frozenset()).time + slack  # the fastest plan's time, plus the slack
 
+    pin_sets = segment_pin_sets(problem, graph)  # the same for every budget: computed once
+
     def tie_break(budget: int | None) -> PeakSearchResult:
         max_time = time_limit(budget)
         result = lowest_peak_within(problem, graph, solve_fn, budget, max_time)
-        return _segment_tie_break(problem, graph, solve_fn, budget, max_time, result)
+        return _segment_tie_break(problem, graph, solve_fn, budget, max_time, result, pin_sets)
 
     free = tie_break(None)
     if budget_bytes is None or _within_budget(free.plan, budget_bytes):
@@ -423,7 +433,7 @@ def budget_peak(
     limit = reference * (1 + PEAK_RESOLUTION)
     if result.prediction.peak_bytes <= limit:
         return BudgetPeakResult(result, reference, False)
-    capped = cap_peak(problem, graph, solve_fn, budget_bytes, reference, fastest=False)
+    capped = cap_peak(problem, graph, solve_fn, budget_bytes, reference, fastest=False, pin_sets=pin_sets)
     log.debug(
         "budget raised the peak to %d bytes above %d; capped search reached %d",
         result.prediction.peak_bytes,
