@@ -64,6 +64,7 @@ __all__ = [
     "inductor_mode_options",
     "inputs_mutated_after_forward",
     "is_bwd_seed_offset",
+    "is_dense",
     "is_opaque_value",
     "is_pointwise_op",
     "is_primal",
@@ -313,6 +314,18 @@ _REDUCTION_OVERLOADS = frozenset(
         "var_mean.correction",
     )
 ) | frozenset({"prims.amax.default", "prims.amin.default", "prims.var.default"})
+
+
+def is_dense(value: torch.Tensor) -> bool:
+    """Whether ``value`` is non-overlapping and dense (False where its strides are symbolic and undecided)."""
+    import torch._prims_common as prims_common
+
+    # Older torch has the same test without the symbolic case under the shorter name.
+    for name in ("is_non_overlapping_and_dense_or_false", "is_non_overlapping_and_dense"):
+        test = getattr(prims_common, name, None)
+        if test is not None:
+            return bool(test(value))
+    raise UnsupportedTorchError(f"torch {torch.__version__} has no test for a dense tensor in torch._prims_common")
 
 
 def is_reduction_op(target: Any) -> bool:

@@ -353,6 +353,61 @@ def test_a_pointwise_input_of_a_concatenation_is_written_into_its_buffer() -> No
         dataclasses.replace(graph, concat_inputs=((0, 5),))
 
 
+def test_a_concatenated_input_with_a_fixed_layout_keeps_its_own_buffer_and_the_cat_copies_it() -> None:
+    # As above, but e (an exp: realised once several kernels read it) is also read by M, after the
+    # cat.  In a graph that runs a convolution (x), Inductor fixes e's layout when it realises it
+    # (a U-Net's skip feature): e keeps its own buffer until M, and its kernel also writes the
+    # copy into the cat's buffer, which is alive from there on.
+    names = ["x", "e", "L1", "Y", "u", "cat", "L2", "M", "out"]
+    kinds = [B, F, B, B, F, F, B, B, B]
+    inputs = [(), (0,), (1,), (2,), (3,), (1, 4), (5,), (1, 6), (7,)]
+    graph = dataclasses.replace(
+        forward_only(names, kinds, inputs, [10, 10, 1, 100, 10, 20, 1, 1, 1]),
+        concat_inputs=((1, 5),),
+        heavy_ops=frozenset({1}),
+    )
+    written = simulate_peak(graph, (), ())  # no convolution: e is written into the cat, M reads it there
+    assert written.node == "Y" and written.forward_bytes == 20 + 1 + 100
+    assert "e" not in dict(written.alive)
+    fixed = dataclasses.replace(graph, convolutions=frozenset({0}), dense_4d=frozenset({1}))
+    copied = simulate_peak(fixed, (), ())
+    assert copied.node == "Y" and copied.forward_bytes == 10 + 20 + 1 + 100
+    assert dict(copied.alive)["e"] == 10 and dict(copied.alive)["cat"] == 20
+    # a layout that is not fixed (not dense 4-D, or no convolution in the graph) is written in place
+    assert simulate_peak(dataclasses.replace(fixed, dense_4d=frozenset()), (), ()) == written
+    assert simulate_peak(dataclasses.replace(fixed, convolutions=frozenset()), (), ()) == written
+    with pytest.raises(ValueError, match="dense_4d"):
+        dataclasses.replace(fixed, dense_4d=frozenset({9}))
+
+
+class _SkipConcat(nn.Module):
+    """A U-Net's skip connection: a feature pooled on the way down and concatenated on the way up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down, self.up = nn.Conv2d(3, 4, 3, padding=1), nn.ConvTranspose2d(4, 4, 2, stride=2)
+        self.norm = nn.BatchNorm2d(4)
+        self.out = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = torch.relu(self.norm(self.down(x)))
+        low = nn.functional.max_pool2d(skip, 2)
+        return self.out(torch.cat([self.up(low), skip], dim=1)).sum()
+
+
+def test_a_skip_feature_of_a_convolution_graph_is_listed_as_a_dense_4d_concatenated_input() -> None:
+    joint = trace_joint(_SkipConcat(), torch.randn(2, 3, 8, 8))
+    graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    (cat,) = [i for i, name in enumerate(graph.names) if name.startswith("cat")]
+    (skip,) = [source for source, into in graph.concat_inputs if into == cat]
+    assert graph.names[skip].startswith("relu") and graph.dense_4d == {skip}
+    assert {graph.names[i].split("_")[0] for i in graph.convolutions} == {"convolution"}
+    assert len(graph.convolutions) == 3  # down, up (transposed) and out
+    # a graph without convolutions lists none (the _Concat module below)
+    plain = trace_joint(_Concat(), torch.randn(8, 16))
+    assert not build_peak_graph(plain.graph, plain.analysis, plain.num_fwd_outputs).convolutions
+
+
 class _Concat(nn.Module):
     def __init__(self) -> None:
         super().__init__()

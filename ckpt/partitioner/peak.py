@@ -138,6 +138,11 @@ class PeakGraph:
     # (output, call): a library call's outputs that it returns together (SDPA's output and
     # log-sum-exp, its backward's three gradients); the call allocates them all while it runs.
     call_outputs: tuple[tuple[int, int], ...] = ()
+    # Convolutions: Inductor optimises the layout of a graph that runs one (channels-last on the CPU),
+    convolutions: frozenset[int] = frozenset()
+    # and fixes the layout of a dense 4-D pointwise value when it realises it for several readers: such
+    # a concatenated input keeps a buffer of its own, and the cat copies it (``_concat_copies``).
+    dense_4d: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -152,6 +157,10 @@ class PeakGraph:
         for source, cat in self.concat_inputs:
             if not 0 <= cat < n or source not in self.inputs[cat]:
                 raise ValueError(f"PeakGraph.concat_inputs has ({source}, {cat}): {source} must be an input of {cat}")
+        for field_name in ("convolutions", "dense_4d"):
+            outside = sorted(i for i in getattr(self, field_name) if not 0 <= i < n)
+            if outside:
+                raise ValueError(f"PeakGraph.{field_name} has values {outside} outside the graph's {n}")
         if len({output for output, _ in self.call_outputs}) != len(self.call_outputs):
             raise ValueError(f"PeakGraph.call_outputs names an output twice: {self.call_outputs}")
         for output, call in self.call_outputs:
@@ -247,6 +256,8 @@ class _Simulator:
         self.fixed = graph.concats  # buffers no kernel writes in place of
         for source, cat in graph.concat_inputs:
             self.concats.setdefault(cat, []).append(source)
+        self.convolutions = tuple(graph.convolutions)
+        self.dense_4d = graph.dense_4d
         self.call_outputs: dict[int, list[int]] = {}  # library call -> the outputs it allocates while it runs
         for output, call in graph.call_outputs:
             self.call_outputs.setdefault(call, []).append(output)
@@ -322,12 +333,20 @@ class _Simulator:
         )
 
 
-def _last_uses(index: GraphIndex, phase: PhaseOrder, buffers: bytearray, available: bytearray) -> list[int]:
+def _last_uses(
+    index: GraphIndex,
+    phase: PhaseOrder,
+    buffers: bytearray,
+    available: bytearray,
+    copied: dict[int, set[int]] | None = None,
+) -> list[int]:
     """For each buffer some kernel of the phase reads: the last position whose kernel reads it (else -1).
 
     A kernel reads the buffers among its inputs and, through each inlined
     input, what that input's kernel reads.  One backward pass carries, for
-    each value, the last position that reads through it.
+    each value, the last position that reads through it.  ``copied``: per
+    cat, the inputs it copies where they are computed (:func:`_concat_copies`),
+    which the cat's own position does not read.
     """
     order, position = phase.order, phase.position
     inputs, readers = index.allocating_inputs, index.readers
@@ -343,8 +362,9 @@ def _last_uses(index: GraphIndex, phase: PhaseOrder, buffers: bytearray, availab
                 if at > k and reach[at] > last:
                     last = reach[at]
         reach[k] = last
+        skip = copied.get(value) if copied else None
         for p in inputs[value]:
-            if last_use[p] < last and (buffers[p] or available[p]):
+            if last_use[p] < last and (buffers[p] or available[p]) and not (skip and p in skip):
                 last_use[p] = last
     return last_use
 
@@ -385,7 +405,28 @@ def _lifetimes(
     return spans
 
 
-def _write_into_concats(spans: list[tuple[int, int, int]], order: Sequence[int], concats: dict[int, list[int]]) -> None:
+def _concat_copies(sim: _Simulator, phase: PhaseOrder, keep: bytearray) -> set[int]:
+    """The concatenated inputs the phase gives a buffer of their own, which their cat copies.
+
+    Inductor writes a pointwise input into the cat's buffer only while its
+    layout is still free (``ConcatKernel.realize_into``).  It fixes the layout
+    of a phase's outputs (the values a forward saves), and, in a graph that
+    runs a convolution (layout optimisation), of a dense 4-D value it realises
+    for several readers (``PhaseOrder.shared``): a U-Net's skip features,
+    which the encoder's pooling, the decoder's cat and the backward all read.
+    """
+    sources = [s for inputs in sim.concats.values() for s in inputs]
+    copies = {s for s in sources if keep[s]}
+    position = phase.position
+    if any(position[c] >= 0 for c in sim.convolutions):
+        shared = set(phase.shared)
+        copies.update(s for s in sources if s in sim.dense_4d and s in shared)
+    return copies
+
+
+def _write_into_concats(
+    spans: list[tuple[int, int, int]], order: Sequence[int], concats: dict[int, list[int]], copies: set[int]
+) -> None:
     """Let the pointwise inputs of a concatenation be written straight into its buffer.
 
     Inductor allocates a ``cat``'s output on the CPU and computes each of its
@@ -394,8 +435,11 @@ def _write_into_concats(spans: list[tuple[int, int, int]], order: Sequence[int],
     whole buffer is alive from the first such input's kernel until the last
     read of the cat or of any of them.  In a U-Net the encoder's feature that
     a skip connection concatenates is written into the decoder's buffer, so
-    that buffer is alive from the encoder on.  Only inputs the phase computes
-    and allocates count; the cat must allocate in the phase too.
+    that buffer is alive from the encoder on.  An input in ``copies``
+    (:func:`_concat_copies`) keeps its own buffer, and its kernel also writes
+    the copy (the scheduler fuses it there), so the cat's buffer is alive
+    from that kernel on as well, and the cat itself no longer reads it.  Only inputs the phase computes and
+    allocates count; the cat must allocate in the phase too.
     """
     where = {b: at for at, (first, _, b) in enumerate(spans) if order[first] == b}
     dropped: set[int] = set()  # (a value written into two cats has its own buffer in the second)
@@ -409,8 +453,10 @@ def _write_into_concats(spans: list[tuple[int, int, int]], order: Sequence[int],
             if k is None or k in dropped:
                 continue
             source_first, source_last, _ = spans[k]
-            first, last = min(first, source_first), max(last, source_last)
-            dropped.add(k)
+            first = min(first, source_first)
+            if source not in copies:
+                last = max(last, source_last)
+                dropped.add(k)
         spans[at] = (first, last, cat)
     if dropped:
         spans[:] = [span for k, span in enumerate(spans) if k not in dropped]
@@ -563,9 +609,11 @@ def _run(
     order = phase.order
     if not order:  # an empty phase: what it starts with
         return _Phase(sum(nbytes[b] for b in set(start)), "", ())
-    spans = _lifetimes(phase, buffers, start, keep, _last_uses(index, phase, buffers, available))
+    copies = _concat_copies(sim, phase, keep) if sim.concats else set()
+    copied = {cat: {s for s in sources if s in copies} for cat, sources in sim.concats.items()} if copies else None
+    spans = _lifetimes(phase, buffers, start, keep, _last_uses(index, phase, buffers, available, copied))
     if sim.concats:
-        _write_into_concats(spans, order, sim.concats)
+        _write_into_concats(spans, order, sim.concats, copies)
     in_place = _reuse_in_place(spans, phase, index.kinds, nbytes, keep, sim.fixed)
     _reuse_freed(spans, order, nbytes, sim.takes, keep, set(start), in_place)
     if sim.call_outputs:

@@ -181,6 +181,32 @@ def _concat_inputs(
     return tuple(pairs)
 
 
+def _layout_optimised(
+    joint: fx.GraphModule, nodes: list[fx.Node], concat_inputs: tuple[tuple[int, int], ...]
+) -> tuple[frozenset[int], frozenset[int]]:
+    """The convolutions, and the concatenated inputs whose layout Inductor fixes where a graph runs one.
+
+    Where Inductor optimises the layout of a graph with convolutions
+    (:func:`ckpt._torch_compat.inductor_layout_optimization`: on the CPU with
+    oneDNN, any graph with one), it gives a dense 4-D value it realises for
+    several readers a fixed channels-last layout (``GraphLowering.run_node``);
+    a cat can then no longer write that input in place, and copies it.  The
+    joint graph is asked; the forward and backward graphs Inductor compiles
+    are taken to be optimised alike when they run a convolution.
+    """
+    if not concat_inputs or not compat.inductor_layout_optimization(joint):
+        return frozenset(), frozenset()
+    convolutions = frozenset(
+        i for i, n in enumerate(nodes) if n.op == "call_function" and n.target is torch.ops.aten.convolution.default
+    )
+    dense = set()
+    for source, _ in concat_inputs:
+        value = nodes[source].meta.get("val")
+        if isinstance(value, torch.Tensor) and value.dim() == 4 and compat.is_dense(value):
+            dense.add(source)
+    return convolutions, frozenset(dense)
+
+
 def _broadcasts(shape: tuple[Any, ...], to: tuple[Any, ...]) -> bool:
     if len(shape) > len(to):
         return False
@@ -231,6 +257,7 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
     concats = frozenset(i for i, n in enumerate(nodes) if n.target in _CONCATS and kinds[i] is Materialise.BUFFER)
     out_buffers = {i for i, n in enumerate(nodes) if n.op == "call_function" and n.target in _OUT_CALLS} | concats
     concat_inputs = _concat_inputs(nodes, index, kinds, roots, concats)
+    convolutions, dense_4d = _layout_optimised(joint, nodes, concat_inputs)
     for add_name, mm_name in _addmm_pairs(nodes).items():
         kinds[index[add_name]] = Materialise.BUFFER  # addmm: a library call's output
         nbytes[index[mm_name]] = 0  # its product is written into the sum's buffer
@@ -250,6 +277,8 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         out_buffers=frozenset(out_buffers),
         concat_inputs=concat_inputs,
         concats=concats,
+        convolutions=convolutions,
+        dense_4d=dense_4d,
         heavy_ops=frozenset(i for i, n in enumerate(nodes) if kinds[i] is Materialise.FUSIBLE and _cpu_heavy(n)),
         call_outputs=_call_outputs(nodes, index, kinds),
     )
