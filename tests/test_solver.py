@@ -165,6 +165,17 @@ def test_max_flow_from_a_feasible_flow_finds_the_same_cut(edges, shrink):
     warm, _ = network.max_flow(capacities, 0, 5, start)
     assert cold == warm == network.min_cut(capacities, 0, 5)
     assert all(0 <= f <= c for f, c in zip(flow, capacities))
+    # scaled capacities: the same cut, and the start flow scaled with them stays feasible
+    scaled, scaled_flow = network.max_flow(capacities, 0, 5, [3 * f for f in start], scale=3)
+    assert scaled == cold
+    assert all(0 <= f <= 3 * c for f, c in zip(scaled_flow, capacities))
+
+
+def test_max_flow_rejects_a_scale_below_one():
+    network = FlowNetwork(2)
+    network.add_edge(0, 1)
+    with pytest.raises(ValueError, match="scale=0"):
+        network.max_flow([1], 0, 1, scale=0)
 
 
 @st.composite

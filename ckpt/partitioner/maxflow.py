@@ -62,29 +62,40 @@ class FlowNetwork:
         return self.max_flow(capacities, source, sink)[0]
 
     def max_flow(
-        self, capacities: Sequence[int], source: int, sink: int, start: Sequence[int] | None = None
+        self,
+        capacities: Sequence[int],
+        source: int,
+        sink: int,
+        start: Sequence[int] | None = None,
+        scale: int = 1,
     ) -> tuple[list[bool] | None, list[int]]:
         """:meth:`min_cut`'s answer, and the flow on each edge of a maximum flow.
 
         ``start``, if given, is a feasible flow to start from: per edge, at
         most its capacity (any amount on an ``INFINITE`` edge), and conserved
-        at every vertex but the source and the sink.
+        at every vertex but the source and the sink.  ``scale`` multiplies
+        every finite capacity (``start`` is already in scaled units).
         """
         if len(capacities) != self.num_edges:
             raise ValueError(f"capacities has {len(capacities)} entries, expected {self.num_edges}")
+        if scale < 1:
+            raise ValueError(f"scale={scale!r} must be a positive integer")
+        capacities = capacities if isinstance(capacities, list) else list(capacities)
+        uncuttable = capacities.count(INFINITE)
         # Any value above the finite capacities' sum tells a finite cut from none; above the
         # start's amounts too, it leaves an uncuttable edge room for the flow it starts with.
-        infinity = sum(c for c in capacities if c > 0) + 1 + (max(start, default=0) if start is not None else 0)
+        infinity = (sum(capacities) + uncuttable) * scale + 1 + (max(start, default=0) if start is not None else 0)
         cap = [0] * (2 * len(capacities))
-        cap[0::2] = [infinity if c == INFINITE else c for c in capacities]
+        if uncuttable:
+            cap[0::2] = [infinity if c == INFINITE else c * scale for c in capacities]
+        else:
+            cap[0::2] = [c * scale for c in capacities] if scale != 1 else capacities
         flow = 0
         if start is not None:
             if len(start) != len(capacities):
                 raise ValueError(f"start has {len(start)} entries, expected {self.num_edges}")
-            for k, amount in enumerate(start):
-                if amount:
-                    cap[2 * k] -= amount
-                    cap[2 * k + 1] = amount
+            cap[0::2] = [c - amount for c, amount in zip(cap[0::2], start)]
+            cap[1::2] = start
             head = self._head
             flow = sum(cap[e ^ 1] for e in self._adjacency[source] if not e & 1)
             flow -= sum(cap[e] for e in self._adjacency[source] if e & 1 and head[e] != source)
@@ -146,13 +157,12 @@ class FlowNetwork:
         u = source
         while True:
             if u == sink:
-                amount = min(cap[e] for e in path)
-                cut_at = -1
-                for k, edge in enumerate(path):
+                residual = [cap[e] for e in path]
+                amount = min(residual)
+                cut_at = residual.index(amount)  # the first edge the push saturates
+                for edge in path:
                     cap[edge] -= amount
                     cap[edge ^ 1] += amount
-                    if cut_at < 0 and cap[edge] == 0:
-                        cut_at = k
                 pushed += amount
                 del path[cut_at:]
                 u = head[path[-1]] if path else source

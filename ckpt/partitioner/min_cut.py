@@ -56,8 +56,10 @@ from ckpt.partitioner.problem import Problem
 __all__ = ["CutNetwork"]
 
 _SOURCE, _SINK = 0, 1
-_RECOMPUTE, _SAVE, _UNCUTTABLE, _NEEDED = 0, 1, 2, 3  # what sets a contracted edge's capacity
-_FLOWS = 12  # flows kept for warm starts
+# What sets a contracted edge's capacity: its offset in a cut's table of costs is kind * n + value
+# for the first two, 2 * n + kind - 2 for the others (a forced value's sink edge: 0 until forced).
+_RECOMPUTE, _SAVE, _NEEDED, _UNCUTTABLE = 0, 1, 2, 3
+_FLOWS = 64  # flows kept for warm starts
 _ANSWERS = 1024  # priced cuts remembered
 # A warm start multiplies the capacities by the earlier flow's scale; past this many bits the
 # arithmetic slows more than the warm start saves, and the cut starts from nothing instead.
@@ -70,8 +72,10 @@ class _Contraction:
 
     ``vertex_in[i]`` and ``vertex_out[i]`` are the contracted vertices of
     ``in_i`` and ``out_i`` (``_SOURCE`` or ``_SINK`` when fixed); edge ``k`` of
-    ``network`` costs recomputing or saving ``edge_value[k]``, is uncuttable,
-    or leads a value to the sink once it is forced, as ``edge_kind[k]`` says.
+    ``network`` has capacity ``costs[edge_cost[k]]`` in the table ``costs``
+    of a cut: the recompute costs of the ``n`` values, their save costs, 0
+    (an edge that leads a value to the sink, until it is forced) and
+    ``INFINITE``.
     ``recompute_edge``, ``save_edge`` and ``sink_edge`` index each value's
     edges (-1 where dropped; ``sink_edge`` grows as values are forced).
     """
@@ -79,8 +83,7 @@ class _Contraction:
     network: FlowNetwork
     vertex_in: list[int]
     vertex_out: list[int]
-    edge_kind: list[int]
-    edge_value: list[int]
+    edge_cost: list[int]
     recompute_edge: list[int]
     save_edge: list[int]
     sink_edge: dict[int, int]
@@ -162,18 +165,9 @@ class CutNetwork:
         for i in force:
             if i not in contraction.sink_edge and contraction.vertex_out[i] != _SINK:
                 contraction.sink_edge[i] = contraction.network.add_edge(contraction.vertex_out[i], _SINK)
-                contraction.edge_kind.append(_NEEDED)
-                contraction.edge_value.append(i)
-        capacities = [
-            recompute_cost[i]
-            if kind == _RECOMPUTE
-            else save_cost[i]
-            if kind == _SAVE
-            else 0
-            if kind == _NEEDED
-            else INFINITE
-            for kind, i in zip(contraction.edge_kind, contraction.edge_value)
-        ]
+                contraction.edge_cost.append(2 * len(contraction.vertex_in))  # the table's 0
+        costs = [*recompute_cost, *save_cost, 0, INFINITE]
+        capacities = list(map(costs.__getitem__, contraction.edge_cost))
         for i in force:
             for edge in (contraction.recompute_edge[i], contraction.sink_edge.get(i, -1)):
                 if edge >= 0:
@@ -213,10 +207,9 @@ class CutNetwork:
             grow, scale = alpha, base.scale * base.alpha
             common = math.gcd(grow, scale)
             grow, scale = grow // common, scale // common
-            scaled = [c if c == INFINITE else c * scale for c in capacities]
-            start = [grow * amount for amount in base.amounts]
+            start = [grow * amount for amount in base.amounts] if grow != 1 else list(base.amounts)
             start += [0] * (len(capacities) - len(start))
-            reachable, amounts = contraction.network.max_flow(scaled, _SOURCE, _SINK, start)
+            reachable, amounts = contraction.network.max_flow(capacities, _SOURCE, _SINK, start, scale)
         if reachable is not None:
             self._flows.append(_Flow(alpha, beta, force, forbid, scale, amounts))
             if len(self._flows) > _FLOWS:
@@ -278,16 +271,14 @@ class CutNetwork:
                 vertex[v] = free
                 free += 1
         network = FlowNetwork(free)
-        edge_kind: list[int] = []
-        edge_value: list[int] = []
+        edge_cost: list[int] = []
 
         def add(tail: int, head: int, kind: int, i: int) -> int:
             # Edges out of the sink, into the source, or within a fixed side carry no flow in a maximum
             # flow; one from the source to the sink is cut whatever the rest does.
             if tail == head or tail == _SINK or head == _SOURCE or (tail, head) == (_SOURCE, _SINK):
                 return -1
-            edge_kind.append(kind)
-            edge_value.append(i)
+            edge_cost.append(kind * n + i if kind <= _SAVE else 2 * n + kind - _NEEDED)
             return network.add_edge(tail, head)
 
         recompute_edge, save_edge = [-1] * n, [-1] * n
@@ -299,7 +290,7 @@ class CutNetwork:
         for i in range(n):
             for u in problem.inputs[i]:
                 add(vertex[2 * u + 1], vertex[2 * i], _UNCUTTABLE, i)
-        return _Contraction(network, vertex[0::2], vertex[1::2], edge_kind, edge_value, recompute_edge, save_edge, {})
+        return _Contraction(network, vertex[0::2], vertex[1::2], edge_cost, recompute_edge, save_edge, {})
 
 
 def _contradicts(contraction: _Contraction, force: frozenset[int], forbid: frozenset[int]) -> bool:
