@@ -63,7 +63,10 @@ MLP's buffers of one layer stay alive through the next layer's attention,
 until its MLP reuses them.  A concatenation (on the CPU Inductor's
 ``ConcatKernel``) has a buffer of its own, and its pointwise inputs are
 computed into it (``PeakGraph.concat_inputs``): the buffer is alive from
-the first of them on, and no kernel writes in place of it.  The answer
+the first of them on, and no kernel writes in place of it.  An input whose
+layout Inductor has fixed (a forward's saved value, or a realised 4-D value
+in a graph with convolutions, ``PeakGraph.dense_4d``) keeps its own buffer
+too, and the copy is written where it is computed.  The answer
 names the phase and value where the peak happens and the largest buffers
 alive there.  Pure data in, data out: no ``torch.fx`` here (the graph is read
 by :mod:`ckpt.partitioner.peak_analysis`).
@@ -438,8 +441,9 @@ def _write_into_concats(
     that buffer is alive from the encoder on.  An input in ``copies``
     (:func:`_concat_copies`) keeps its own buffer, and its kernel also writes
     the copy (the scheduler fuses it there), so the cat's buffer is alive
-    from that kernel on as well, and the cat itself no longer reads it.  Only inputs the phase computes and
-    allocates count; the cat must allocate in the phase too.
+    from that kernel on as well, and the cat itself no longer reads it.
+    Only inputs the phase computes and allocates count; the cat must
+    allocate in the phase too.
     """
     where = {b: at for at, (first, _, b) in enumerate(spans) if order[first] == b}
     dropped: set[int] = set()  # (a value written into two cats has its own buffer in the second)
