@@ -380,6 +380,22 @@ def test_a_concatenated_input_with_a_fixed_layout_keeps_its_own_buffer_and_the_c
         dataclasses.replace(fixed, dense_4d=frozenset({9}))
 
 
+def test_a_concatenated_input_the_forward_saves_keeps_its_own_buffer() -> None:
+    # A forward's outputs get fixed layouts, so a saved pointwise input of a cat keeps its own
+    # buffer (held to the forward's end) and the cat copies it where it is computed; the cat's
+    # buffer lives only until its own last reader, not to the forward's end.
+    names = ["x", "e", "L1", "Y", "u", "cat", "L2", "out"]
+    kinds = [B, F, B, B, F, F, B, B]
+    inputs = [(), (0,), (1,), (2,), (3,), (1, 4), (5,), (6,)]
+    graph = dataclasses.replace(
+        forward_only(names, kinds, inputs, [10, 10, 1, 100, 10, 20, 1, 1]), concat_inputs=((1, 5),)
+    )
+    prediction = simulate_peak(graph, saved=(1,), recomputed=())
+    # at Y: x is dead, e (saved) and the cat's buffer (from e's kernel on) are alive with L1 and Y
+    assert prediction.node == "Y" and prediction.forward_bytes == 10 + 20 + 1 + 100
+    assert dict(prediction.alive)["e"] == 10 and dict(prediction.alive)["cat"] == 20
+
+
 class _SkipConcat(nn.Module):
     """A U-Net's skip connection: a feature pooled on the way down and concatenated on the way up."""
 
