@@ -61,6 +61,7 @@ __all__ = [
     "inductor_joint_graph_passes",
     "inductor_layout_optimization",
     "inductor_lowering_tables",
+    "inductor_scatter_sum_is_library_call",
     "inductor_mode_options",
     "inputs_mutated_after_forward",
     "is_bwd_seed_offset",
@@ -643,6 +644,28 @@ def inductor_layout_optimization(gm: fx.GraphModule) -> bool:
         return bool(GraphLowering.decide_layout_opt(gm, is_inference=False))
     except (ImportError, AttributeError, TypeError, KeyError) as error:
         log.debug("cannot ask Inductor about layout optimisation (%s); assuming none", error)
+        return False
+
+
+def inductor_scatter_sum_is_library_call(self_dtype: torch.dtype, src_dtype: torch.dtype, device_type: str) -> bool:
+    """Whether Inductor runs a scatter-add (``scatter_add``, ``scatter_reduce`` with ``"sum"``) as aten's call.
+
+    Inductor's lowering falls back to ``aten.scatter_reduce_`` in several
+    cases (``torch._inductor.utils.use_scatter_fallback``): on the CPU with
+    more than one thread while ``config.cpp.fallback_scatter_reduce_sum`` is
+    set (the default), for dtypes a GPU's atomic add lacks, and under
+    deterministic algorithms.  The call then reads its index and source as
+    buffers and writes into a buffer of its own.  Asked with the thread count
+    and settings of the moment, as Inductor asks when it lowers the graph.
+    """
+    try:
+        from torch._inductor.utils import use_scatter_fallback
+
+        return bool(
+            use_scatter_fallback(torch.ops.aten.scatter_reduce_.two, "sum", self_dtype, src_dtype, device_type, True)
+        )
+    except (ImportError, AttributeError, TypeError) as error:
+        log.debug("cannot ask Inductor whether a scatter-add is a library call (%s); assuming a kernel", error)
         return False
 
 

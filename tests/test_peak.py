@@ -11,6 +11,7 @@ import torch.nn as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ckpt import _torch_compat as compat
 from ckpt.backend import CkptPartitioner, PeakWarning
 from ckpt.config import CkptConfig, parse_budget, parse_peak
 from ckpt.measure import peak_memory
@@ -422,6 +423,28 @@ def test_a_skip_feature_of_a_convolution_graph_is_listed_as_a_dense_4d_concatena
     # a graph without convolutions lists none (the _Concat module below)
     plain = trace_joint(_Concat(), torch.randn(8, 16))
     assert not build_peak_graph(plain.graph, plain.analysis, plain.num_fwd_outputs).convolutions
+
+
+def test_a_pooling_backwards_scatter_add_is_a_library_call_on_a_multithreaded_cpu(monkeypatch) -> None:
+    """Inductor runs the scatter-add of a max pool's backward as aten's scatter_reduce_ on a CPU with threads.
+
+    The zeros it adds into are computed into the call's own buffer, and the
+    index and the gradient, flattened from channels-last 4-D values to 2-D,
+    are copied for the call while it runs.
+    """
+    monkeypatch.setattr(compat, "inductor_scatter_sum_is_library_call", lambda *args: True)
+    joint = trace_joint(_SkipConcat(), torch.randn(2, 3, 8, 8))
+    graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    (node,) = joint.graph.graph.find_nodes(op="call_function", target=torch.ops.aten.scatter_add.default)
+    scatter, zeros = graph.names.index(node.name), graph.names.index(node.args[0].name)
+    assert graph.kinds[scatter] is Materialise.BUFFER and graph.bytes[scatter] == 2 * 4 * 8 * 8 * 4
+    assert graph.bytes[zeros] == 0  # computed into the call's own buffer
+    # the pooled index (int64) and its gradient (float32), 2 x 4 x 4 x 4 elements each, viewed as 8 x 16
+    assert graph.scratch[scatter] == 2 * 4 * 4 * 4 * (8 + 4)
+    monkeypatch.setattr(compat, "inductor_scatter_sum_is_library_call", lambda *args: False)
+    kernel = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    assert kernel.kinds[scatter] is Materialise.FUSIBLE and kernel.bytes[zeros] > 0
+    assert not kernel.scratch or kernel.scratch[scatter] == 0
 
 
 class _Concat(nn.Module):

@@ -52,3 +52,23 @@ def test_a_reduction_costs_its_input_elements():
     graph = make_fx(lambda x: x.sum(dim=1), tracing_mode="fake")(torch.randn(64, 32)).graph
     (node,) = [n for n in graph.nodes if n.op == "call_function"]
     assert estimate_node(node, SizeEvaluator.for_graph(graph)).elements == 64 * 32
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_inductor_runs_a_scatter_add_as_a_library_call_exactly_when_the_peak_model_says(threads):
+    """The peak model's question (a library call, or a kernel?) against the code Inductor generates."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        expected = compat.inductor_scatter_sum_is_library_call(torch.float32, torch.float32, "cpu")
+        torch._dynamo.reset()
+        step = torch.compile(lambda x, i, s: x.scatter_add(1, i, s), backend="inductor")
+        args = torch.zeros(4, 16), torch.randint(0, 16, (4, 8)), torch.randn(4, 8)
+        with compat.compile_caches_disabled():
+            result, code = compat.run_and_get_code(step, *args)
+    finally:
+        torch.set_num_threads(previous)
+        torch._dynamo.reset()
+    torch.testing.assert_close(result, args[0].scatter_add(1, args[1], args[2]))
+    assert expected == (threads > 1)  # on the CPU, Inductor's default settings
+    assert ("scatter_reduce_" in "\n".join(code)) == expected

@@ -55,7 +55,8 @@ def dtype_class(dtype: torch.dtype) -> str:
 Size: TypeAlias = "int | sympy.Expr"  # static sizes stay plain ints, which keeps large graphs fast
 
 
-def _expr(size: Any) -> Size:
+def size_expr(size: Any) -> Size:
+    """One dimension of a shape (or a stride) as an int, or a ``sympy`` expression of its symbols."""
     if isinstance(size, torch.SymInt):
         expr = size.node.expr
         return int(expr) if expr.is_Integer else expr
@@ -92,10 +93,10 @@ def storage_bytes_expr(tensor: torch.Tensor) -> Size:
 
     A symbolic size is taken to be non-zero.
     """
-    sizes = [_expr(s) for s in tensor.shape]
+    sizes = [size_expr(s) for s in tensor.shape]
     if any(isinstance(s, int) and s == 0 for s in sizes):
         return 0
-    strides = [_expr(s) for s in tensor.stride()]
+    strides = [size_expr(s) for s in tensor.stride()]
     span: Size = 1
     for size, stride in zip(sizes, strides):
         span = span + (size - 1) * stride
@@ -105,15 +106,15 @@ def storage_bytes_expr(tensor: torch.Tensor) -> Size:
 def numel_expr(tensor: torch.Tensor) -> Size:
     numel: Size = 1
     for size in tensor.shape:
-        numel = numel * _expr(size)
+        numel = numel * size_expr(size)
     return numel
 
 
 def _shape_arg(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return tuple(_expr(s) for s in value.shape)
+        return tuple(size_expr(s) for s in value.shape)
     if isinstance(value, torch.SymInt):
-        return _expr(value)
+        return size_expr(value)
     return value
 
 

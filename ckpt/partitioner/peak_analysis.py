@@ -36,6 +36,17 @@ on the result without touching ``torch.fx``.
 * **Scratch.**  A library call's working memory beyond its outputs, where it
   was measured on the device (``JointAnalysis.scratch_bytes``), is alive
   while the call runs.
+* **Scatter-adds.**  Where Inductor runs a scatter-add as aten's call (on
+  the CPU with more than one thread, :func:`_scatter_call`), it is a library
+  call: it reads its index and source as buffers and writes into a buffer of
+  its own, a copy of its first input (a pointwise input that only it reads,
+  the zeros of a pooling's backward, is computed into that buffer and
+  allocates nothing of its own).
+* **Views a library call cannot read.**  Where Inductor fixes the layout of
+  a graph with convolutions (channels-last), a library call's input that is
+  a view no channels-last tensor of its value's shape can express (a 4-D
+  index flattened to 2-D for the scatter above) is copied for the call: the
+  copy is alive while the call runs (:func:`_view_copies`).
 """
 
 from __future__ import annotations
@@ -47,7 +58,7 @@ import torch
 import torch.fx as fx
 
 from ckpt import _torch_compat as compat
-from ckpt.cost_model.node_cost import SizeEvaluator, numel_expr, storage_bytes_expr
+from ckpt.cost_model.node_cost import SizeEvaluator, numel_expr, size_expr, storage_bytes_expr
 from ckpt.cost_model.ops import OpKind
 from ckpt.partitioner.analysis import JointAnalysis
 from ckpt.partitioner.peak import Materialise, PeakGraph, PeakPrediction, predict_plan
@@ -88,6 +99,29 @@ def _is_reduction(node: fx.Node) -> bool:
     return compat.is_reduction_op(node.target)
 
 
+# Scatters that reduce by sum, which Inductor may run as aten's scatter_reduce_ (``_scatter_call``).
+_SCATTER_ADDS = frozenset({torch.ops.aten.scatter_add.default, torch.ops.aten.scatter_reduce.two})
+
+
+def _scatter_call(node: fx.Node) -> bool:
+    """Whether Inductor runs this scatter-add as a library call (aten's ``scatter_reduce_``).
+
+    ``scatter_add`` and ``scatter_reduce(..., "sum")`` fall back to aten on the
+    CPU with more than one thread, among other cases
+    (:func:`ckpt._torch_compat.inductor_scatter_sum_is_library_call`); a
+    scatter that reduces otherwise (``"mean"``, ``"amax"``) always does.
+    """
+    if node.op != "call_function" or node.target not in _SCATTER_ADDS or len(node.args) < 4:
+        return False
+    value, src = node.meta.get("val"), node.args[3]
+    source = src.meta.get("val") if isinstance(src, fx.Node) else None
+    if not isinstance(value, torch.Tensor) or not isinstance(source, torch.Tensor):
+        return False
+    if node.target is torch.ops.aten.scatter_reduce.two and (len(node.args) < 5 or node.args[4] != "sum"):
+        return True
+    return compat.inductor_scatter_sum_is_library_call(value.dtype, source.dtype, value.device.type)
+
+
 def _kind(node: fx.Node, analysis: JointAnalysis, backward: bool) -> Materialise:
     value = node.meta.get("val")
     if node.op == "placeholder":
@@ -113,6 +147,8 @@ def _kind(node: fx.Node, analysis: JointAnalysis, backward: bool) -> Materialise
         return Materialise.BUFFER  # a ConcatKernel: its own buffer, whoever reads it (see _concat_inputs)
     if compat.is_inductor_random(node.target):
         return Materialise.RANDOM
+    if _scatter_call(node):
+        return Materialise.BUFFER  # aten's scatter_reduce_ on a copy of its first input
     if estimate is not None and estimate.kind is OpKind.RANDOM:
         return Materialise.BUFFER  # eager's generator (fallback_random): a library call
     if estimate is not None and estimate.kind is OpKind.FUSIBLE:
@@ -262,6 +298,17 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         kinds[index[add_name]] = Materialise.BUFFER  # addmm: a library call's output
         nbytes[index[mm_name]] = 0  # its product is written into the sum's buffer
         out_buffers.add(index[add_name])
+    for i, node in enumerate(nodes):
+        if node.target not in _SCATTER_ADDS or kinds[i] is not Materialise.BUFFER:
+            continue
+        first = node.args[0]  # the call scatters into a clone of it
+        if isinstance(first, fx.Node) and first.name in index and len(first.users) == 1:
+            if kinds[index[first.name]] is Materialise.FUSIBLE:
+                nbytes[index[first.name]] = 0  # computed into the call's own buffer
+    scratch = _scratch(nodes, analysis, sizes)
+    copies = _view_copies(joint, nodes, kinds, roots, sizes)
+    if copies:
+        scratch = tuple(a + b for a, b in zip(scratch or (0,) * len(nodes), copies))
     return PeakGraph(
         names=tuple(n.name for n in nodes),
         bytes=tuple(nbytes),
@@ -273,7 +320,7 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         gradients=gradients,
         tangents=frozenset(i for i, n in enumerate(nodes) if n.op == "placeholder" and backward[i]),
         problem_index=tuple(index[name] for name in analysis.problem.names),
-        scratch=_scratch(nodes, analysis, sizes),
+        scratch=scratch,
         out_buffers=frozenset(out_buffers),
         concat_inputs=concat_inputs,
         concats=concats,
@@ -282,6 +329,51 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         heavy_ops=frozenset(i for i, n in enumerate(nodes) if kinds[i] is Materialise.FUSIBLE and _cpu_heavy(n)),
         call_outputs=_call_outputs(nodes, index, kinds),
     )
+
+
+_VIEWS = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default})
+
+
+def _view_copies(
+    joint: fx.GraphModule, nodes: list[fx.Node], kinds: list[Materialise], roots: dict[str, str], sizes: SizeEvaluator
+) -> tuple[int, ...]:
+    """Per library call, the bytes of the views among its inputs that Inductor copies for it.
+
+    Inductor realises a library call's input (``ExternKernel.realize_input``):
+    a view is read in place where its value's layout can express it, and
+    copied where not (``copy_input``).  In a graph whose layout Inductor
+    optimises, a 4-D value is channels-last, and a view that merges its
+    batch and channel dimensions (a pooling's index, flattened for a
+    scatter) cannot be expressed.  Empty unless some library call reads such
+    a view.
+    """
+    calls = [
+        i
+        for i, node in enumerate(nodes)
+        if node.op == "call_function" and kinds[i] is Materialise.BUFFER and node.target not in _CONCATS
+    ]
+    candidates = []
+    for i in calls:
+        for arg in nodes[i].all_input_nodes:
+            if arg.op == "call_function" and arg.target in _VIEWS and arg.name in roots:
+                base, value = arg.args[0], arg.meta.get("val")
+                base_value = base.meta.get("val") if isinstance(base, fx.Node) else None
+                if isinstance(value, torch.Tensor) and isinstance(base_value, torch.Tensor) and base_value.dim() == 4:
+                    candidates.append((i, arg, value, base_value))
+    if not candidates or not compat.inductor_layout_optimization(joint):
+        return ()
+    copies = [0] * len(nodes)
+    for i, arg, value, base_value in candidates:
+        if not compat.is_dense(base_value):
+            continue
+        # at the size hints: a view's expressibility depends on the sizes, not on their symbols
+        shape = [sizes(size_expr(d)) for d in base_value.shape]
+        channels_last = torch.empty(shape, device="meta").to(memory_format=torch.channels_last)
+        try:
+            channels_last.view([sizes(size_expr(d)) for d in value.shape])
+        except (RuntimeError, ValueError):  # torch raises either, by version and device
+            copies[i] += _nbytes(arg, sizes)
+    return tuple(copies) if any(copies) else ()
 
 
 def _scratch(nodes: list[fx.Node], analysis: JointAnalysis, sizes: SizeEvaluator) -> tuple[int, ...]:
