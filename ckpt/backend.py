@@ -301,20 +301,24 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         return plan, budget_bytes, peak_cap, time.perf_counter() - started
 
     def planning_graph(self, peak_graph: PeakGraph) -> PeakGraph:
-        """The peak graph plans are chosen on: library calls' tuple outputs count only under a peak cap.
+        """The peak graph plans are chosen on: calls' tuple outputs and pooled input copies count only under a cap.
 
         A cap is a promise, so it is planned on the model that counts what
         Inductor's code allocates while a library call runs (its outputs,
         ``PeakGraph.call_outputs``), the higher estimate where attention or a
-        convolution's backward peaks.  Without a cap, the budget's tie-break
-        only prefers a lower peak, and it leaves them out: with them it
-        prefers plans whose peak the model's known gap (Inductor fusing
-        kernels that share any read, see the README's known limits)
-        underestimates more.  :meth:`plan` applies this itself; the records
-        predict with the same graph.
+        convolution's backward peaks, and the convolutions' input copies that
+        Inductor's pool holds after the call (``PeakGraph.pooled_copies``).
+        Without a cap, the budget's tie-break only prefers a lower peak, and
+        it leaves them out (the copies then count as each call's scratch):
+        with the outputs it prefers plans whose peak the model's known gap
+        (Inductor fusing kernels that share any read, see the README's known
+        limits) underestimates more, and with the copies it moved the U-Net's
+        budget of 0.25 to a plan that measured 27.30 MiB instead of 21.65
+        under another set of library-call timings.  :meth:`plan` applies this
+        itself; the records predict with the same graph.
         """
-        if self.config.peak.unlimited and peak_graph.call_outputs:
-            return dataclasses.replace(peak_graph, call_outputs=())
+        if self.config.peak.unlimited and (peak_graph.call_outputs or peak_graph.pooled_copies):
+            return dataclasses.replace(peak_graph, call_outputs=(), pooled_copies=())
         return peak_graph
 
     def _activation_inputs(self, gm: fx.GraphModule) -> frozenset[int]:

@@ -391,13 +391,23 @@ def _run(
     due: dict[int, set[int]] = {}
     for b, position in last_use.items():
         due.setdefault(position, set()).add(b)
-    nbytes = graph.bytes
-    scratch = graph.scratch or (0,) * len(graph)
+    nbytes = list(graph.bytes)
+    names = list(graph.names)
+    scratch = list(graph.scratch or (0,) * len(graph))
 
     takes = [
         kind in (Materialise.FUSIBLE, Materialise.REDUCTION, Materialise.RANDOM) or i in graph.out_buffers
         for i, kind in enumerate(graph.kinds)
     ]
+    # A call's pooled input copies: buffers numbered after the graph's values, allocated where the
+    # call runs (before its output), freed after it like any buffer Inductor allocates.
+    copies: dict[int, list[int]] = {}
+    for call, size in graph.pooled_copies:
+        copies.setdefault(call, []).append(len(nbytes))
+        nbytes.append(size)
+        names.append(f"{graph.names[call]} (input copy)")
+        takes.append(True)
+        scratch[call] -= size
     start_set = set(start)
     calls: dict[int, list[int]] = {}  # a library call -> the outputs it allocates while it runs
     for output, call in graph.call_outputs:
@@ -415,6 +425,14 @@ def _run(
                 if output in buffers and output not in start_set and where.get(output, -1) > position:
                     pending.add(output)
             pending.discard(i)
+            for copy in copies.get(i, ()):
+                for b in held.pop(position, ()):  # a held buffer passes to the copy
+                    alive.discard(b)
+                    total -= nbytes[b]
+                events.append((position, "take", copy))
+                alive.add(copy)
+                born[copy] = position
+                total += nbytes[copy]
             if i in buffers and i not in alive:
                 in_place = False
                 if graph.kinds[i] not in (Materialise.BUFFER, Materialise.FREE) and nbytes[i]:
@@ -451,9 +469,9 @@ def _run(
             if position == stop:
                 alive |= pending
                 break
-            freed = reads[i] | due.get(position, set()) | ({i} if i in buffers else set())
+            freed = reads[i] | due.get(position, set()) | ({i} if i in buffers else set()) | set(copies.get(i, ()))
             for b in sorted(freed):
-                if b in alive and b not in keep and last_use.get(b, -1) <= position:
+                if b in alive and b not in keep and last_use.get(b, position) <= position:
                     if b in holds:
                         held.setdefault(holds[b], []).append(b)
                         continue
@@ -483,11 +501,12 @@ def _run(
     if at < 0:  # an empty phase
         return _Phase(peak, "", ()), alive
     _, _, there = walk(at, holds, [])
-    items = [(-nbytes[b], b, graph.names[b]) for b in there]
+    items = [(-nbytes[b], b, names[b]) for b in there]
     if scratch[order[at]]:
         items.append((-scratch[order[at]], -1, f"{graph.names[order[at]]} (scratch)"))
     named = tuple((name, -negative) for negative, _, name in sorted(items)[:8])
-    return _Phase(peak, graph.names[order[at]], named, tuple(sorted(there))), alive
+    values = tuple(sorted(b for b in there if b < len(graph)))
+    return _Phase(peak, graph.names[order[at]], named, values), {b for b in alive if b < len(graph)}
 
 
 def _backward_phase(graph: PeakGraph, saved: frozenset[int], recomputed: frozenset[int]) -> _Phase:

@@ -277,6 +277,55 @@ def test_a_freed_buffer_is_held_for_a_later_buffer_of_its_size() -> None:
     assert out.forward_bytes == held.forward_bytes
 
 
+def test_a_library_calls_input_copy_is_held_for_a_later_buffer_of_its_size() -> None:
+    # conv reads a copy of the parameter w (8 bytes, part of its scratch); after conv the copy goes to
+    # Inductor's pool, and c, a kernel output of its size, takes it after the library call big: the
+    # copy counts while big runs.
+    names = ["w", "x", "conv", "big", "c", "out"]
+    inputs = [(), (), (0, 1), (2,), (3,), (4,)]
+    graph = forward_only(names, [X, B, B, B, F, B], inputs, sizes=[0, 10, 20, 1000, 8, 1])
+    graph = dataclasses.replace(graph, scratch=(0, 0, 8, 0, 0, 0))
+    scratch_only = simulate_peak(graph, (), ())
+    assert scratch_only.node == "big" and scratch_only.forward_bytes == 20 + 1000
+    pooled = dataclasses.replace(graph, pooled_copies=((2, 8),))
+    held = simulate_peak(pooled, (), ())
+    assert held.node == "big" and held.forward_bytes == 20 + 1000 + 8
+    assert dict(held.alive)["conv (input copy)"] == 8
+    assert held.alive_values == (2, 3)  # the copy is no value of the graph
+    assert held == reference.simulate_peak(pooled, (), ())
+    # while conv runs, the copy is what its scratch was: the same bytes
+    assert forward_peak(dataclasses.replace(pooled, bytes=(0, 10, 20, 1, 8, 1)), ()) == 10 + 8 + 20
+    # with no later buffer of its size, the copy is freed after the call
+    other = dataclasses.replace(pooled, bytes=(0, 10, 20, 1000, 9, 1))
+    assert simulate_peak(other, (), ()).forward_bytes == 20 + 1000
+    with pytest.raises(ValueError, match="more than its scratch"):
+        dataclasses.replace(graph, pooled_copies=((2, 9),))
+    with pytest.raises(ValueError, match="positive bytes"):
+        dataclasses.replace(graph, pooled_copies=((2, 0),))
+
+
+def test_a_convolutions_copies_of_the_inputs_the_forward_saves_as_themselves_are_pooled() -> None:
+    joint = trace_joint(_SkipConcat(), torch.randn(2, 3, 8, 8))
+    graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    copies = {(graph.names[call], size) for call, size in graph.pooled_copies}
+    # the first convolution's weight (4 x 3 x 3 x 3) and image (2 x 3 x 8 x 8), in the forward and the backward
+    assert {("convolution", 4 * 3 * 3 * 3 * 4), ("convolution", 2 * 3 * 8 * 8 * 4)} <= copies
+    assert ("convolution_backward_2", 4 * 3 * 3 * 3 * 4) in copies
+    assert all(name.startswith("convolution") for name, _ in copies)
+    for call, _ in graph.pooled_copies:  # each copy's bytes are part of its call's scratch
+        assert sum(size for c, size in graph.pooled_copies if c == call) <= graph.scratch[call]
+
+
+def test_only_a_peak_cap_plans_with_pooled_input_copies() -> None:
+    names = ["w", "x", "conv", "big", "c", "out"]
+    graph = forward_only(names, [X, B, B, B, F, B], [(), (), (0, 1), (2,), (3,), (4,)], [0, 10, 20, 1000, 8, 1])
+    graph = dataclasses.replace(graph, scratch=(0, 0, 8, 0, 0, 0), pooled_copies=((2, 8),))
+    budget_alone = CkptPartitioner(CkptConfig(budget=parse_budget("0.5")), TEST_PROFILE).planning_graph(graph)
+    assert budget_alone.pooled_copies == () and budget_alone.scratch == graph.scratch
+    capped = CkptPartitioner(CkptConfig(peak=parse_peak("1MiB")), TEST_PROFILE).planning_graph(graph)
+    assert capped is graph
+
+
 def test_a_realised_value_joins_its_pointwise_sibling_in_one_kernel() -> None:
     # r = f(x, m) computes a heavy op and two library calls read it, so Inductor realises it; a = g(x)
     # feeds the library call L1. A realised value is still a kernel the scheduler fuses with its
@@ -818,6 +867,13 @@ def graphs_and_plans(draw: st.DrawFn, kernels: bool = False) -> tuple[PeakGraph,
     tangents = frozenset(i for i in range(forward, n) if not inputs[i] and draw(st.booleans()))
     required = [not backward[i] and draw(st.booleans()) for i in range(n)]
     values = st.sets(st.integers(0, n - 1), max_size=n)
+    scratch = tuple(draw(st.lists(st.integers(0, 30), min_size=n, max_size=n))) if draw(st.booleans()) else ()
+    # library calls' input copies, of the common sizes so that the pool hands them on
+    pooled_copies = tuple(
+        (i, draw(st.sampled_from([8, min(16, scratch[i])])))
+        for i in range(n)
+        if scratch and kinds[i] is Materialise.BUFFER and scratch[i] >= 8 and draw(st.booleans())
+    )
     graph = PeakGraph(
         names=tuple(f"v{i}" for i in range(n)),
         # a few common sizes, so that freed buffers are taken over by later ones of their size
@@ -829,7 +885,8 @@ def graphs_and_plans(draw: st.DrawFn, kernels: bool = False) -> tuple[PeakGraph,
         outputs=frozenset(draw(values)),
         gradients=frozenset(draw(values)),
         tangents=tangents,
-        scratch=tuple(draw(st.lists(st.integers(0, 30), min_size=n, max_size=n))) if draw(st.booleans()) else (),
+        scratch=scratch,
+        pooled_copies=pooled_copies,
         out_buffers=frozenset(draw(values)),
         concats=frozenset(draw(values)),
         heavy_ops=frozenset(draw(values)),

@@ -60,7 +60,9 @@ allocates itself (a kernel's output, or a library call it gives an ``out=``
 buffer, ``PeakGraph.out_buffers``) can take its storage: Inductor's wrapper
 keeps it until then (``allow_buffer_reuse``), so in a recomputed stack the
 MLP's buffers of one layer stay alive through the next layer's attention,
-until its MLP reuses them.  A concatenation (on the CPU Inductor's
+until its MLP reuses them.  A convolution's copy of its weight in the layout
+it runs in is such a buffer too (``PeakGraph.pooled_copies``): allocated where
+the call runs, and held after it until a later buffer of its size takes it.  A concatenation (on the CPU Inductor's
 ``ConcatKernel``) has a buffer of its own, and its pointwise inputs are
 computed into it (``PeakGraph.concat_inputs``): the buffer is alive from
 the first of them on, and no kernel writes in place of it.  An input whose
@@ -146,6 +148,12 @@ class PeakGraph:
     # and fixes the layout of a dense 4-D pointwise value when it realises it for several readers: such
     # a concatenated input keeps a buffer of its own, and the cat copies it (``_concat_copies``).
     dense_4d: frozenset[int] = frozenset()
+    # (call, bytes): a convolution's channels-last copy of an input the forward saves as itself (its
+    # weight), whose bytes are also in the call's ``scratch``.  Inductor's own kernel writes the copy
+    # just before the call; after it the copy goes to the reuse pool like any buffer Inductor
+    # allocates, and is held until a later buffer of its size takes its storage (``_reuse_freed``).
+    # Empty: each copy counts as the call's scratch only, alive while it runs.
+    pooled_copies: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -164,6 +172,18 @@ class PeakGraph:
             outside = sorted(i for i in getattr(self, field_name) if not 0 <= i < n)
             if outside:
                 raise ValueError(f"PeakGraph.{field_name} has values {outside} outside the graph's {n}")
+        for call, size in self.pooled_copies:
+            if not 0 <= call < n or size <= 0:
+                raise ValueError(
+                    f"PeakGraph.pooled_copies has ({call}, {size}): need a value of the graph's {n} and positive bytes"
+                )
+        for call in {call for call, _ in self.pooled_copies}:
+            copied = sum(size for c, size in self.pooled_copies if c == call)
+            if not self.scratch or copied > self.scratch[call]:
+                raise ValueError(
+                    f"PeakGraph.pooled_copies gives {self.names[call]} {copied} bytes of copies, more than its "
+                    f"scratch ({self.scratch[call] if self.scratch else 0} bytes), which must include them"
+                )
         if len({output for output, _ in self.call_outputs}) != len(self.call_outputs):
             raise ValueError(f"PeakGraph.call_outputs names an output twice: {self.call_outputs}")
         for output, call in self.call_outputs:
@@ -228,13 +248,28 @@ class _Simulator:
     def __init__(self, graph: PeakGraph) -> None:
         # The graph's names and sizes, not the graph: a graph and its simulator would be a reference
         # cycle, which only the cyclic garbage collector frees.
-        self.names, self.nbytes = graph.names, graph.bytes
+        self.names: Sequence[str] = graph.names
+        self.nbytes: Sequence[int] = graph.bytes
         self.scratch = {i: b for i, b in enumerate(graph.scratch) if b > 0}  # library calls' own working memory
         # What Inductor allocates itself, and so may hand a freed buffer of its size.
         self.takes = [
             kind in (Materialise.FUSIBLE, Materialise.REDUCTION, Materialise.RANDOM) or i in graph.out_buffers
             for i, kind in enumerate(graph.kinds)
         ]
+        # Pooled input copies are buffers of their own, numbered after the graph's values.
+        self.values = len(graph)
+        self.input_copies: dict[int, list[int]] = {}  # call -> its copies
+        if graph.pooled_copies:
+            names, nbytes = list(graph.names), list(graph.bytes)
+            for call, size in graph.pooled_copies:
+                self.input_copies.setdefault(call, []).append(len(nbytes))
+                names.append(f"{graph.names[call]} (input copy)")
+                nbytes.append(size)
+                self.takes.append(True)  # Inductor allocates it
+                self.scratch[call] -= size
+                if not self.scratch[call]:
+                    del self.scratch[call]
+            self.names, self.nbytes = names, nbytes
         self.index = GraphIndex(
             graph.inputs,
             [_KIND_CODES[kind] for kind in graph.kinds],
@@ -527,6 +562,7 @@ def _reuse_freed(
     keep: bytearray,
     start: set[int],
     in_place: tuple[set[int], set[int]],
+    values: int | None = None,
 ) -> None:
     """Hold each freed buffer that a later allocation of its size takes over, until that allocation.
 
@@ -537,26 +573,34 @@ def _reuse_freed(
     free go to the pool (not its inputs, not what it keeps); what Inductor
     allocates itself takes from it (its kernels' outputs and the library
     calls it passes an ``out=`` buffer, ``takes``).  A held buffer's span
-    runs on to the position before its taker's.
+    runs on to the position before its taker's.  Buffers numbered from
+    ``values`` on are a library call's input copies (``PeakGraph.pooled_copies``),
+    allocated at the call's position before its output.
     """
+    values = len(nbytes) if values is None else values
     taken_in_place, gave_in_place = in_place
-    alloc_at: dict[int, int] = {}  # position -> span of the buffer allocated there
+    alloc_at: dict[int, list[int]] = {}  # position -> spans of the buffers allocated there, in order
     freed_at: dict[int, list[int]] = {}  # position -> spans whose buffer is freed after it
     end = len(order) - 1
     for s, (first, last, b) in enumerate(spans):
-        if b in start or not nbytes[b] or order[first] != b:
+        copy = b >= values
+        if b in start or not nbytes[b] or (not copy and order[first] != b):
             continue
-        alloc_at[first] = s
-        if not keep[b] and s not in gave_in_place and last < end:
+        if copy:  # written by the kernel before the call: it comes first
+            alloc_at.setdefault(first, []).insert(0, s)
+        else:
+            alloc_at.setdefault(first, []).append(s)
+        if (copy or not keep[b]) and s not in gave_in_place and last < end:
             freed_at.setdefault(last, []).append(s)
     if not freed_at:
         return
     pool: dict[int, list[int]] = {}  # bytes -> spans freed, most recent last
     for k in sorted(alloc_at.keys() | freed_at.keys()):  # at each position: allocate, then free
-        taker = alloc_at.get(k)
-        if taker is not None and pool and k not in taken_in_place:
+        for taker in alloc_at.get(k, ()):
+            if not pool:
+                break
             b = spans[taker][2]
-            if takes[b]:
+            if takes[b] and (b >= values or k not in taken_in_place):
                 held = pool.get(nbytes[b])
                 if held:
                     d = held.pop()
@@ -619,7 +663,11 @@ def _run(
     if sim.concats:
         _write_into_concats(spans, order, sim.concats, copies)
     in_place = _reuse_in_place(spans, phase, index.kinds, nbytes, keep, sim.fixed)
-    _reuse_freed(spans, order, nbytes, sim.takes, keep, set(start), in_place)
+    for call, pooled in sim.input_copies.items():
+        k = phase.position[call]
+        if k >= 0:
+            spans.extend((k, k, copy) for copy in pooled)
+    _reuse_freed(spans, order, nbytes, sim.takes, keep, set(start), in_place, sim.values)
     if sim.call_outputs:
         _allocate_with_calls(spans, phase, sim.call_outputs, set(start))
     change = [0] * (len(order) + 1)
@@ -643,7 +691,7 @@ def _run(
     if extra:  # the call's own working memory, named after the call
         items.append((-extra, -1, f"{names[order[at]]} (scratch)"))
     top = tuple((name, -negative) for negative, _, name in sorted(items)[:8])
-    return _Phase(peak, names[order[at]], top, tuple(sorted(there)))
+    return _Phase(peak, names[order[at]], top, tuple(sorted(b for b in there if b < sim.values)))
 
 
 def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[int]) -> PeakPrediction:

@@ -19,7 +19,9 @@ on the result without touching ``torch.fx``.
   anyway and count nothing; tangents count.  Inductor gives a convolution
   channels-last copies of the inputs it reads (its weight, an image): those
   the forward saves as themselves (``JointAnalysis.uncopied_inputs``) are a
-  copy of each convolution's own, alive while it runs (its scratch); any
+  copy of each convolution's own, alive while it runs (its scratch, and
+  ``PeakGraph.pooled_copies``: Inductor's kernel writes the copy, and its
+  pool holds it after the call until a later buffer of its size takes it); any
   other is allocated where the convolution reads it, like a pointwise value a
   library call reads, and a saved one is held to the backward.
 * **addmm.**  Inductor rewrites ``add(mm(a, b), c)`` into one ``addmm``
@@ -305,7 +307,7 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         if isinstance(first, fx.Node) and first.name in index and len(first.users) == 1:
             if kinds[index[first.name]] is Materialise.FUSIBLE:
                 nbytes[index[first.name]] = 0  # computed into the call's own buffer
-    scratch = _scratch(nodes, analysis, sizes)
+    scratch, pooled_copies = _scratch(nodes, analysis, sizes)
     copies = _view_copies(joint, nodes, kinds, roots, sizes)
     if copies:
         scratch = tuple(a + b for a, b in zip(scratch or (0,) * len(nodes), copies))
@@ -328,6 +330,7 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         dense_4d=dense_4d,
         heavy_ops=frozenset(i for i, n in enumerate(nodes) if kinds[i] is Materialise.FUSIBLE and _cpu_heavy(n)),
         call_outputs=_call_outputs(nodes, index, kinds),
+        pooled_copies=pooled_copies,
     )
 
 
@@ -376,10 +379,16 @@ def _view_copies(
     return tuple(copies) if any(copies) else ()
 
 
-def _scratch(nodes: list[fx.Node], analysis: JointAnalysis, sizes: SizeEvaluator) -> tuple[int, ...]:
+def _scratch(
+    nodes: list[fx.Node], analysis: JointAnalysis, sizes: SizeEvaluator
+) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
     """Each value's working memory while it runs: a library call's measured scratch, and a
-    convolution's (or its backward's) channels-last copies of the inputs the forward saves as themselves."""
+    convolution's (or its backward's) channels-last copies of the inputs the forward saves as themselves.
+
+    Also the copies alone, ``(call, bytes)`` (``PeakGraph.pooled_copies``).
+    """
     scratch = [analysis.scratch_bytes.get(n.name, 0) for n in nodes]
+    copies: list[tuple[int, int]] = []
     if analysis.uncopied_inputs:
         roots = analysis.root_names
         for i, node in enumerate(nodes):
@@ -393,8 +402,11 @@ def _scratch(nodes: list[fx.Node], analysis: JointAnalysis, sizes: SizeEvaluator
                 continue
             for arg in read:
                 if isinstance(arg, fx.Node) and roots.get(arg.name, arg.name) in analysis.uncopied_inputs:
-                    scratch[i] += _nbytes(arg, sizes)
-    return tuple(scratch) if any(scratch) else ()
+                    size = _nbytes(arg, sizes)
+                    if size > 0:
+                        scratch[i] += size
+                        copies.append((i, size))
+    return (tuple(scratch) if any(scratch) else ()), tuple(copies)
 
 
 def _call_outputs(nodes: list[fx.Node], index: dict[str, int], kinds: list[Materialise]) -> tuple[tuple[int, int], ...]:
