@@ -586,17 +586,17 @@ def _reuse_freed(
         copy = b >= values
         if b in start or not nbytes[b] or (not copy and order[first] != b):
             continue
-        if copy:  # written by the kernel before the call: it comes first
-            alloc_at.setdefault(first, []).insert(0, s)
-        else:
-            alloc_at.setdefault(first, []).append(s)
+        alloc_at.setdefault(first, []).append(s)
         if (copy or not keep[b]) and s not in gave_in_place and last < end:
             freed_at.setdefault(last, []).append(s)
     if not freed_at:
         return
     pool: dict[int, list[int]] = {}  # bytes -> spans freed, most recent last
     for k in sorted(alloc_at.keys() | freed_at.keys()):  # at each position: allocate, then free
-        for taker in alloc_at.get(k, ()):
+        takers = alloc_at.get(k, [])
+        if len(takers) > 1:  # a call's copies are written by the kernel before it: they come first
+            takers.sort(key=lambda t: spans[t][2] < values)
+        for taker in takers:
             if not pool:
                 break
             b = spans[taker][2]
