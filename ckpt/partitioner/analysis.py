@@ -99,6 +99,8 @@ class JointAnalysis:
     uncopied_inputs: frozenset[str] = frozenset()
     measured_seconds: dict[str, float] = field(default_factory=dict)  # library calls timed on the device, by name
     scratch_bytes: dict[str, int] = field(default_factory=dict)  # their working memory beyond their outputs, by name
+    # Inductor switches this graph's convolutions to channels-last (compat.inductor_layout_optimization).
+    layout_optimised: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,7 @@ class _Context:
     charged_inputs: set[fx.Node]  # graph inputs whose saving keeps memory alive
     copied_inputs: set[fx.Node]  # graph inputs Inductor copies to channels-last for its convolutions
     uncopied_inputs: set[fx.Node]  # those of them saved as themselves
+    layout_optimised: bool  # Inductor runs the graph's convolutions channels-last
     measured: dict[str, float] = field(default_factory=dict)  # measured seconds of library calls, by node name
     scratch: dict[str, int] = field(default_factory=dict)  # their measured working memory in bytes, by node name
 
@@ -173,7 +176,7 @@ def analyze_joint(
             context.estimates,
             lambda e: _library_call_seconds(profile, e),
             context.sizes,
-            channels_last=compat.inductor_layout_optimization(joint),
+            channels_last=context.layout_optimised,
         )
         context.measured = dict(measure(calls))
         scratch = getattr(measure, "scratch_bytes", None)  # an OpCosts also knows each call's working memory
@@ -221,6 +224,7 @@ def analyze_joint(
         size_hints=context.sizes.hints,
         copied_inputs=frozenset(n.name for n in context.copied_inputs),
         uncopied_inputs=frozenset(n.name for n in context.uncopied_inputs),
+        layout_optimised=context.layout_optimised,
         measured_seconds=dict(context.measured),
         scratch_bytes=dict(context.scratch),
     )
@@ -244,7 +248,8 @@ def _context(
             continue
         for root in read_roots(node, kinds):
             users.setdefault(root, []).append(node)
-    copied_inputs = _inputs_copied_for_convolution(joint, lambda n: root_of(n, kinds))
+    layout_optimised = compat.inductor_layout_optimization(joint)  # asked once per graph: ~1 ms with convolutions
+    copied_inputs = _inputs_copied_for_convolution(joint, lambda n: root_of(n, kinds)) if layout_optimised else set()
     uncopied_inputs = {n for n in copied_inputs if _can_save_uncopied(n.meta.get("val"))}
     primals = [n for n in joint.graph.nodes if n.op == "placeholder" and compat.is_primal(n)]
     charged_inputs = (copied_inputs - uncopied_inputs) | {
@@ -261,6 +266,7 @@ def _context(
         charged_inputs=charged_inputs,
         copied_inputs=copied_inputs,
         uncopied_inputs=uncopied_inputs,
+        layout_optimised=layout_optimised,
     )
 
 
@@ -343,9 +349,7 @@ def _recompute_seconds(node: fx.Node, context: _Context) -> float:
 
 
 def _inputs_copied_for_convolution(joint: fx.GraphModule, root: Any) -> set[fx.Node]:
-    """Graph inputs Inductor converts to channels-last copies for its convolutions."""
-    if not compat.inductor_layout_optimization(joint):
-        return set()
+    """Graph inputs Inductor converts to channels-last copies for its convolutions (in a layout-optimised graph)."""
     copied: set[fx.Node] = set()
     for node in joint.graph.nodes:
         if node.op != "call_function" or node.target is not torch.ops.aten.convolution.default:

@@ -220,7 +220,7 @@ def _concat_inputs(
 
 
 def _layout_optimised(
-    joint: fx.GraphModule, nodes: list[fx.Node], concat_inputs: tuple[tuple[int, int], ...]
+    layout_optimised: bool, nodes: list[fx.Node], concat_inputs: tuple[tuple[int, int], ...]
 ) -> tuple[frozenset[int], frozenset[int]]:
     """The convolutions, and the concatenated inputs whose layout Inductor fixes where a graph runs one.
 
@@ -228,11 +228,12 @@ def _layout_optimised(
     (:func:`ckpt._torch_compat.inductor_layout_optimization`: on the CPU with
     oneDNN, any graph with one), it gives a dense 4-D value it realises for
     several readers a fixed channels-last layout (``GraphLowering.run_node``);
-    a cat can then no longer write that input in place, and copies it.  The
-    joint graph is asked; the forward and backward graphs Inductor compiles
-    are taken to be optimised alike when they run a convolution.
+    a cat can then no longer write that input in place, and copies it.
+    Inductor is asked once, about the joint graph (``layout_optimised``:
+    ``JointAnalysis.layout_optimised``); the forward and backward graphs it
+    compiles are taken to be optimised alike when they run a convolution.
     """
-    if not concat_inputs or not compat.inductor_layout_optimization(joint):
+    if not concat_inputs or not layout_optimised:
         return frozenset(), frozenset()
     convolutions = frozenset(
         i for i, n in enumerate(nodes) if n.op == "call_function" and n.target is torch.ops.aten.convolution.default
@@ -295,7 +296,7 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
     concats = frozenset(i for i, n in enumerate(nodes) if n.target in _CONCATS and kinds[i] is Materialise.BUFFER)
     out_buffers = {i for i, n in enumerate(nodes) if n.op == "call_function" and n.target in _OUT_CALLS} | concats
     concat_inputs = _concat_inputs(nodes, index, kinds, roots, concats)
-    convolutions, dense_4d = _layout_optimised(joint, nodes, concat_inputs)
+    convolutions, dense_4d = _layout_optimised(analysis.layout_optimised, nodes, concat_inputs)
     for add_name, mm_name in _addmm_pairs(nodes).items():
         kinds[index[add_name]] = Materialise.BUFFER  # addmm: a library call's output
         nbytes[index[mm_name]] = 0  # its product is written into the sum's buffer
@@ -308,7 +309,7 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
             if kinds[index[first.name]] is Materialise.FUSIBLE:
                 nbytes[index[first.name]] = 0  # computed into the call's own buffer
     scratch, pooled_copies = _scratch(nodes, analysis, sizes)
-    copies = _view_copies(joint, nodes, kinds, roots, sizes)
+    copies = _view_copies(analysis.layout_optimised, nodes, kinds, roots, sizes)
     if copies:
         scratch = tuple(a + b for a, b in zip(scratch or (0,) * len(nodes), copies))
     return PeakGraph(
@@ -338,7 +339,11 @@ _VIEWS = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.def
 
 
 def _view_copies(
-    joint: fx.GraphModule, nodes: list[fx.Node], kinds: list[Materialise], roots: dict[str, str], sizes: SizeEvaluator
+    layout_optimised: bool,
+    nodes: list[fx.Node],
+    kinds: list[Materialise],
+    roots: dict[str, str],
+    sizes: SizeEvaluator,
 ) -> tuple[int, ...]:
     """Per library call, the bytes of the views among its inputs that Inductor copies for it.
 
@@ -363,7 +368,7 @@ def _view_copies(
                 base_value = base.meta.get("val") if isinstance(base, fx.Node) else None
                 if isinstance(value, torch.Tensor) and isinstance(base_value, torch.Tensor) and base_value.dim() == 4:
                     candidates.append((i, arg, value, base_value))
-    if not candidates or not compat.inductor_layout_optimization(joint):
+    if not candidates or not layout_optimised:
         return ()
     copies = [0] * len(nodes)
     for i, arg, value, base_value in candidates:
