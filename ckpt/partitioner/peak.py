@@ -149,7 +149,7 @@ class PeakGraph:
     # a concatenated input keeps a buffer of its own, and the cat copies it (``_concat_copies``).
     dense_4d: frozenset[int] = frozenset()
     # (call, bytes): a convolution's channels-last copy of an input the forward saves as itself (its
-    # weight), whose bytes are also in the call's ``scratch``.  Inductor's own kernel writes the copy
+    # weight, the image), whose bytes are also in the call's ``scratch``.  Inductor's own kernel writes the copy
     # just before the call; after it the copy goes to the reuse pool like any buffer Inductor
     # allocates, and is held until a later buffer of its size takes its storage (``_reuse_freed``).
     # Empty: each copy counts as the call's scratch only, alive while it runs.
@@ -562,7 +562,7 @@ def _reuse_freed(
     keep: bytearray,
     start: set[int],
     in_place: tuple[set[int], set[int]],
-    values: int | None = None,
+    values: int,
 ) -> None:
     """Hold each freed buffer that a later allocation of its size takes over, until that allocation.
 
@@ -577,7 +577,6 @@ def _reuse_freed(
     ``values`` on are a library call's input copies (``PeakGraph.pooled_copies``),
     allocated at the call's position before its output.
     """
-    values = len(nbytes) if values is None else values
     taken_in_place, gave_in_place = in_place
     alloc_at: dict[int, list[int]] = {}  # position -> spans of the buffers allocated there, in order
     freed_at: dict[int, list[int]] = {}  # position -> spans whose buffer is freed after it
