@@ -18,9 +18,13 @@ The calibration times, with the thread count torch uses:
 
 **First use is quick.**  Compiling and timing the fused kernels takes about
 ten seconds, so a process that finds no cached profile measures everything
-else (about a second) and takes the fused per-element costs from
-:data:`FUSED_DEFAULTS`: ratios to the measured fp32 matrix rate, measured on
-a reference machine.  ``python -m ckpt calibrate`` measures them on this
+else (about a second): the transcendental rate from an eager ``erf`` beyond an
+eager multiply (ATen's vectorised ``erf`` costs what one in a fused kernel
+does: 0.60 against 0.59 ns per element on a 2-thread EPYC, where the
+reference machine's ratio below gave 1.31), and the other fused per-element
+costs from :data:`FUSED_DEFAULTS`: ratios to the measured fp32 matrix rate,
+measured on a reference machine (Inductor's random draws and bool tensors
+have no eager counterpart).  ``python -m ckpt calibrate`` measures them on this
 machine and replaces the cached profile; the profile's ``source`` says which
 it holds.
 
@@ -54,7 +58,7 @@ __all__ = ["FUSED_DEFAULTS", "MATMUL_SIZE", "calibrate_cpu", "cpu_profile"]
 
 log = logging.getLogger(__name__)
 
-_FORMAT_VERSION = 5
+_FORMAT_VERSION = 6  # 6: the first use measures the transcendental rate
 # The square fp32/bf16 matmul whose rate is the profile's peak (the busy check of
 # :mod:`ckpt.cost_model.measured` times it again).
 MATMUL_SIZE = 512
@@ -65,7 +69,7 @@ MATMUL_SIZE = 512
 # rate to first order; ``python -m ckpt calibrate`` measures them instead.
 FUSED_DEFAULTS: dict[str, float] = {
     "simple": 0.05,  # one multiply or add: far below its memory traffic either way
-    "transcendental": 260.0,  # one erf
+    "transcendental": 260.0,  # one erf (the first use measures it instead: _eager_transcendental)
     "random": 1130.0,  # one draw of Inductor's counter-based generator (dropout's mask)
     "byte_store": 1740.0,  # writing one bool element from a fused kernel, beyond its byte
     "byte_load": 540.0,  # reading one bool element, beyond its byte
@@ -102,7 +106,19 @@ def _copy_bandwidth(nbytes: int, repeats: int) -> float:
     return 2 * nbytes / best
 
 
-def _per_element(fn: Callable[[torch.Tensor, torch.Tensor], object], elements: int = 16384) -> float:
+def _eager_transcendental(threads: int) -> float:
+    """Seconds per element of an eager ``erf`` beyond an eager multiply, on one thread, over ``threads``."""
+    with _one_thread():
+        multiply = _per_element(lambda src, dst: torch.mul(src, 1.0001, out=dst), _TRANSCENDENTAL_ELEMENTS)
+        erf = _per_element(lambda src, dst: torch.erf(src, out=dst), _TRANSCENDENTAL_ELEMENTS)
+    return max(erf - multiply, 0.0) / threads
+
+
+# Enough elements that a call's fixed cost is a small share (1 MiB of fp32, in cache).
+_TRANSCENDENTAL_ELEMENTS = 1 << 18
+
+
+def _per_element(fn: Callable[[torch.Tensor, torch.Tensor], object], elements: int) -> float:
     src = torch.rand(elements) + 0.5
     dst = torch.empty_like(src)
     return fastest_seconds(lambda: fn(src, dst), 50) / elements
@@ -130,10 +146,14 @@ def calibrate_cpu(*, fused: bool = True) -> DeviceProfile:
         conv = threads * conv_flops / fastest_seconds(lambda: torch.conv2d(x, w, padding=1), 5)
     measured = measure_fused_costs(threads) if fused else None
     if not fused:
-        simple, transcendental, random, byte_store, byte_load = (
-            FUSED_DEFAULTS[key] / fp32 for key in ("simple", "transcendental", "random", "byte_store", "byte_load")
+        simple, random, byte_store, byte_load = (
+            FUSED_DEFAULTS[key] / fp32 for key in ("simple", "random", "byte_store", "byte_load")
         )
-        fused_source = "fused-kernel costs scaled from the reference machine (python -m ckpt calibrate measures them)"
+        transcendental = max(_eager_transcendental(threads), simple)
+        fused_source = (
+            "transcendental work from an eager erf; other fused-kernel costs scaled from the reference machine "
+            "(python -m ckpt calibrate measures them)"
+        )
     elif measured is not None:
         simple, transcendental, random = measured["simple"], measured["transcendental"], measured["random"]
         byte_store, byte_load = measured["byte_store"], measured["byte_load"]
@@ -142,10 +162,8 @@ def calibrate_cpu(*, fused: bool = True) -> DeviceProfile:
         fused_source = "eager multiply and erf (fused kernels could not be timed)"
         # Without a compiler: a simple op is about one FLOP at the matrix rate, and a
         # transcendental costs what an eager erf costs beyond an eager multiply.
-        with _one_thread():
-            multiply = _per_element(lambda src, dst: torch.mul(src, 1.0001, out=dst)) / threads
-            erf = _per_element(lambda src, dst: torch.erf(src, out=dst)) / threads
-        simple, transcendental = 1.0 / fp32, max(erf - multiply, 1.0 / fp32)
+        simple = 1.0 / fp32
+        transcendental = max(_eager_transcendental(threads), simple)
         byte_store = byte_load = random = 0.0
     bandwidth = _copy_bandwidth(64 * 2**20, 5)
     cache_bandwidth = _copy_bandwidth(2**20, 20)
