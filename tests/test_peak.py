@@ -764,6 +764,10 @@ def test_a_budget_never_raises_the_peak_above_larger_budgets_unless_it_says_so(l
         rung = int(free.search.plan.bytes * fraction)
         if rung > budget:
             assert result.reference_peak <= predicted(graph, solve(problem, rung))
+            # ... and no higher than the segment plans as fast as that budget's fastest plan
+            fastest = solve_pinned(rung, frozenset()).time
+            for candidate in segment_plans(problem, graph, solve_pinned, rung, fastest, stop_when_slower=True):
+                assert result.reference_peak <= candidate.prediction.peak_bytes
     fits = solve(problem, budget).bytes <= budget
     if fits:
         assert result.search.plan.bytes <= budget

@@ -200,13 +200,16 @@ def segment_plans(
     budget_bytes: int | None,
     max_time: int | None = None,
     pin_sets: Sequence[frozenset[int]] | None = None,
+    stop_when_slower: bool = False,
 ) -> list[_Candidate]:
     """The solver's plans with the forward cut into segments (:mod:`ckpt.partitioner.segments`), fewest cuts first.
 
     A pin set whose bytes alone exceed the budget is skipped; the first plan
     over the budget (pins and what must be saved anyway) ends the list, as
     more segments only pin more.  With ``max_time``, plans slower than it are
-    left out before their peak is simulated.  ``pin_sets``: the graph's
+    left out before their peak is simulated; with ``stop_when_slower`` too, the
+    first such plan ends the list (more segments pin more, and so usually
+    recompute more: a cheaper list, for a bound rather than a choice).  ``pin_sets``: the graph's
     :func:`~ckpt.partitioner.segments.segment_pin_sets`, if the caller has them.
     """
     plans: list[_Candidate] = []
@@ -217,6 +220,8 @@ def segment_plans(
         if not _within_budget(plan, budget_bytes):
             break
         if max_time is not None and plan.time > max_time:
+            if stop_when_slower:
+                break
             continue
         plans.append(_Candidate(plan, predict_plan(graph, plan), pins))
     return plans
@@ -397,10 +402,13 @@ def budget_peak(
        plan, and so it is under a budget that this plan keeps (a budget
        only makes the fastest plan slower, so it is within the slack too).
     2. The reference: the lowest predicted peak among the plan without a
-       budget (its tie-break applied) and the solver's plans at the larger
-       budgets of a fixed ladder (:data:`REFERENCE_RUNGS` of what the plan
-       without a budget saves).  The ladder is the same for every budget, so
-       a smaller budget is held to a reference no higher than a larger one's.
+       budget (its tie-break applied) and, at each larger budget of a fixed
+       ladder (:data:`REFERENCE_RUNGS` of what the plan without a budget
+       saves), the solver's plan and the segment plans within the slack of
+       that budget's fastest plan: that budget's own tie-break would weigh
+       them, so its plan peaks no higher than the lowest of them.  The ladder
+       is the same for every budget, so a smaller budget is held to a
+       reference no higher than a larger one's.
     3. The guard: if the plan of step 1 peaks above the reference (by more
        than ``PEAK_RESOLUTION``), the first plan the capped search
        (:func:`cap_peak`) finds within the budget and at or below the
@@ -430,6 +438,10 @@ def budget_peak(
         if rung <= budget_bytes:
             break
         reference = min(reference, predict_plan(graph, solve_fn(rung, frozenset())).peak_bytes)
+        for candidate in segment_plans(
+            problem, graph, solve_fn, rung, time_limit(rung), pin_sets, stop_when_slower=True
+        ):
+            reference = min(reference, candidate.prediction.peak_bytes)
     limit = reference * (1 + PEAK_RESOLUTION)
     if result.prediction.peak_bytes <= limit:
         return BudgetPeakResult(result, reference, False)
