@@ -97,6 +97,32 @@ def test_a_cap_below_every_plans_peak_is_kept_by_running_the_lowest_peak():
     assert "lowest measured peak" in target.misses[0]
 
 
+def test_time_predicted_compares_predicted_and_measured_changes_against_no_budget():
+    steady = [1.00, 1.01, 0.99, 1.00, 1.02, 0.98, 1.00, 1.01, 0.99, 1.00]
+
+    def point(key: str, step: float, predicted: float) -> SettingResult:
+        return SettingResult(
+            SETTINGS[key],
+            activation_bytes=2**20,
+            samples_s=[step * t for t in steady],
+            graphs=[{"predicted_extra_s": predicted}],
+        )
+
+    settings = [
+        SettingResult(SETTINGS["compile"], activation_bytes=2**20, samples_s=steady),
+        SettingResult(SETTINGS["compile-repeat"], activation_bytes=2**20, samples_s=steady[::-1]),
+        point("ckpt-none", 1.0, 0.01),
+        point("ckpt-0.5", 1.001, 0.05),  # a change of 1 ms: within the noise, not checked
+        point("ckpt-0.25", 1.2, 0.22),  # predicted +0.21 s, measured +0.2 s: within 25%
+        point("ckpt-0.0", 1.4, 0.81),  # predicted +0.8 s, measured +0.4 s: twice
+    ]
+    model = ModelResult("m", "M", transformer=True, size="cpu", params=1, config={}, settings=settings)
+    target = {t.name: t for t in evaluate_targets([model], [analyze_model(model)])}["time predicted"]
+    assert target.met is False
+    assert target.value.startswith("1/2 points") and "1 within the noise" in target.value
+    assert len(target.misses) == 1 and "ckpt 0.0" in target.misses[0] and "x2.00" in target.misses[0]
+
+
 _FORWARD_CODE = """
 class Runner:
     def call(self, args):

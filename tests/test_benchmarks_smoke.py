@@ -55,6 +55,7 @@ def test_quick_run_writes_table_json_and_plot(tmp_path):
         "peak monotone in the budget",
         "time at matched peak",
         "ResNet peak",
+        "time predicted",
     ]
     assert data["targets"][0]["met"] is True
 
