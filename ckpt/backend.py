@@ -448,7 +448,7 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
                     stacklevel=4,
                 )
             return result.plan, peak_cap
-        guarded = budget_peak(problem, peak_graph, solve_pinned, budget_bytes, 2 * tolerance)
+        guarded = budget_peak(problem, peak_graph, solve_pinned, budget_bytes, 2 * tolerance, solve_capped)
         if guarded.raises_peak:
             warnings.warn(
                 f"ckpt: graph {name!r}: memory budget {self.config.budget} lowers saved activations but raises the "

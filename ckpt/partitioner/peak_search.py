@@ -391,7 +391,12 @@ REFERENCE_RUNGS = (0.5, 0.25, 0.125, 0.0625)
 
 
 def budget_peak(
-    problem: Problem, graph: PeakGraph, solve_fn: SolveFn, budget_bytes: int | None, slack: int
+    problem: Problem,
+    graph: PeakGraph,
+    solve_fn: SolveFn,
+    budget_bytes: int | None,
+    slack: int,
+    bound_solve_fn: SolveFn | None = None,
 ) -> BudgetPeakResult:
     """The budget-alone rule: a smaller budget lowers saved bytes without raising the peak, where it can.
 
@@ -408,12 +413,17 @@ def budget_peak(
        that budget's fastest plan: that budget's own tie-break would weigh
        them, so its plan peaks no higher than the lowest of them.  The ladder
        is the same for every budget, so a smaller budget is held to a
-       reference no higher than a larger one's.
+       reference no higher than a larger one's.  ``bound_solve_fn``, if
+       given, solves those segment plans (they only bound the reference, so
+       a cheaper solve will do).
     3. The guard: if the plan of step 1 peaks above the reference (by more
        than ``PEAK_RESOLUTION``), the first plan the capped search
        (:func:`cap_peak`) finds within the budget and at or below the
        reference replaces it, whatever its time.  If there is none, the lower
-       of the two peaks is kept and ``raises_peak`` says so.
+       of the two peaks is kept and ``raises_peak`` says so.  Below the
+       smallest plan (no plan is within the budget) there is nothing to
+       choose: the reference counts the solver's plans at the rungs only, and
+       ``raises_peak`` says whether the plan rises above it.
     """
 
     def time_limit(budget: int | None) -> int:
@@ -432,19 +442,23 @@ def budget_peak(
         # slack too (a budget only makes the fastest plan slower).
         return BudgetPeakResult(free, free.prediction.peak_bytes, False)
     result = tie_break(budget_bytes)
+    # Below the smallest plan there is nothing to choose: the plan that saves least is the
+    # only answer, and the reference only says (in the warning) what it rises above.
+    choice = not result.plan.over_budget
     reference = free.prediction.peak_bytes
     for fraction in REFERENCE_RUNGS:
         rung = int(free.plan.bytes * fraction)
         if rung <= budget_bytes:
             break
         reference = min(reference, predict_plan(graph, solve_fn(rung, frozenset())).peak_bytes)
-        for candidate in segment_plans(
-            problem, graph, solve_fn, rung, time_limit(rung), pin_sets, stop_when_slower=True
-        ):
-            reference = min(reference, candidate.prediction.peak_bytes)
+        if choice:
+            for candidate in segment_plans(
+                problem, graph, bound_solve_fn or solve_fn, rung, time_limit(rung), pin_sets, stop_when_slower=True
+            ):
+                reference = min(reference, candidate.prediction.peak_bytes)
     limit = reference * (1 + PEAK_RESOLUTION)
-    if result.prediction.peak_bytes <= limit:
-        return BudgetPeakResult(result, reference, False)
+    if result.prediction.peak_bytes <= limit or not choice:
+        return BudgetPeakResult(result, reference, result.prediction.peak_bytes > limit)
     capped = cap_peak(problem, graph, solve_fn, budget_bytes, reference, fastest=False, pin_sets=pin_sets)
     log.debug(
         "budget raised the peak to %d bytes above %d; capped search reached %d",
