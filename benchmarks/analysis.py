@@ -164,12 +164,17 @@ def analyze_model(model: ModelResult) -> ModelVerdict:
     return verdict
 
 
+def _predicted_seconds(point: SettingResult) -> float:
+    """The plan's predicted save and recompute time, summed over its graphs."""
+    return sum(g.get("predicted_extra_s", 0.0) for g in point.graphs)
+
+
 def _diagnosis(model: ModelResult, label: str, verdict: ModelVerdict) -> str:
     """Predicted against measured extra time of one ckpt point, and its costliest recomputed values."""
     point = next((r for r in model.settings if r.setting.label == label), None)
     if point is None or point.step_s is None:
         return ""
-    predicted = sum(g.get("predicted_extra_s", 0.0) for g in point.graphs)
+    predicted = _predicted_seconds(point)
     text = f"cost model: plan's extra time {predicted * 1e3:.2f} ms"
     if verdict.compile_s is not None:
         text += f", measured {(point.step_s - verdict.compile_s) * 1e3:+.2f} ms against compile"
@@ -350,10 +355,6 @@ def _matched_peak(models: list[ModelResult], verdicts: list[ModelVerdict]) -> Ta
 
 TIME_PREDICTED_BUDGETS = (0.5, 0.25, 0.0)
 TIME_PREDICTED_TOLERANCE = 0.25
-
-
-def _predicted_seconds(point: SettingResult) -> float:
-    return sum(g.get("predicted_extra_s", 0.0) for g in point.graphs)
 
 
 def _time_predicted(models: list[ModelResult], verdicts: list[ModelVerdict]) -> Target:

@@ -106,16 +106,16 @@ def _copy_bandwidth(nbytes: int, repeats: int) -> float:
     return 2 * nbytes / best
 
 
+# Enough elements that a call's fixed cost is a small share (1 MiB of fp32, in cache).
+_TRANSCENDENTAL_ELEMENTS = 1 << 18
+
+
 def _eager_transcendental(threads: int) -> float:
     """Seconds per element of an eager ``erf`` beyond an eager multiply, on one thread, over ``threads``."""
     with _one_thread():
         multiply = _per_element(lambda src, dst: torch.mul(src, 1.0001, out=dst), _TRANSCENDENTAL_ELEMENTS)
         erf = _per_element(lambda src, dst: torch.erf(src, out=dst), _TRANSCENDENTAL_ELEMENTS)
     return max(erf - multiply, 0.0) / threads
-
-
-# Enough elements that a call's fixed cost is a small share (1 MiB of fp32, in cache).
-_TRANSCENDENTAL_ELEMENTS = 1 << 18
 
 
 def _per_element(fn: Callable[[torch.Tensor, torch.Tensor], object], elements: int) -> float:
