@@ -281,6 +281,37 @@ def test_timings_taken_as_the_cpu_became_busy_are_dropped(joint, cache, timings,
     assert len(_busy_warnings(caught)) == 1
 
 
+def test_a_cpu_that_becomes_busy_between_the_calls_keeps_no_timing(joint, cache, slowdowns, monkeypatch):
+    calls = list({c.signature: c for c in _calls(joint).values()}.values())
+    assert len(calls) > 2
+    now = [0.0]
+    timed = []
+
+    def slow_call(call):  # each call takes 0.3 s of measuring: a check falls after the second
+        now[0] += 0.3
+        timed.append(call.signature)
+        return 1e-3
+
+    monkeypatch.setattr(measured, "_time_call", slow_call)
+    monkeypatch.setattr(measured, "_measure_scratch", lambda call: 0)
+    monkeypatch.setattr(measured.time, "perf_counter", lambda: now[0])
+    # Quiet before; beside one busy process (one core of two taken) the run of matmuls reads ~1.8-2x.
+    slowdowns.extend([1.1, 1.8])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cached_or_measured(calls, canary=1e-3, seconds=10.0) == {}
+    assert len(timed) == 2, "the check runs once CHECK_EVERY seconds of timing have passed, and stops there"
+    assert cached_costs(CPU) == {} and not slowdowns
+    messages = _busy_warnings(caught)
+    assert len(messages) == 1 and "while timing library calls" in messages[0], messages
+
+
+def test_the_busy_check_times_a_run_of_matmuls_spanning_several_time_slices():
+    expected = measured.canary_seconds(CPU, CPU_PROFILE)
+    assert measured.canary_repeats(expected) * expected >= measured.CANARY_WINDOW
+    assert measured.canary_repeats(1.0) == 1  # a slow machine's single matmul already spans the window
+
+
 def test_a_busy_cpu_leaves_the_roofline_in_the_plan(joint, cache, timings, slowdowns):
     slowdowns.append(4.0)
     costs = OpCosts(CPU, {}, use_fresh=True, canary=1e-3)
