@@ -7,6 +7,9 @@ Definitions, which every results file repeats:
   of the gap between their medians, ``|t(compile) / t(compile (repeat)) - 1|``,
   and twice the standard error of that ratio (rounds resampled in pairs,
   bootstrap with a fixed seed).  The gap alone is one draw and can be lucky.
+  ckpt settings that made the same plan (equal plan fingerprints in every
+  graph: the same compiled code, say no budget and a budget it keeps) are
+  such copies too, and the largest of all these pairs' figures counts.
 * **time at matched memory** of a ckpt point: its step time divided by the
   step time of the fastest non-ckpt setting (eager, eager checkpoint, default
   compile or torch's budget) whose activation bytes are at most its own.
@@ -42,7 +45,7 @@ from typing import Any
 from benchmarks.harness import ModelResult, SettingResult
 from benchmarks.settings import CKPT, TORCH_BUDGET
 
-__all__ = ["ModelVerdict", "Target", "analyze_model", "evaluate_targets"]
+__all__ = ["ModelVerdict", "Target", "analyze_model", "evaluate_targets", "same_plan_pairs"]
 
 MATCHED_GOAL = 0.95
 COMPILE_GOAL = 1.05
@@ -87,6 +90,29 @@ def _ratio_standard_error(first: list[float], repeat: list[float]) -> float:
     return statistics.stdev(ratios)
 
 
+def _pair_noise(first: SettingResult, repeat: SettingResult) -> float:
+    """The noise two copies of one program show: their medians' gap, or twice its standard error if larger."""
+    assert first.step_s is not None and repeat.step_s is not None
+    gap = abs(first.step_s / repeat.step_s - 1.0)
+    return max(gap, 2.0 * _ratio_standard_error(first.samples_s, repeat.samples_s))
+
+
+def _plan_fingerprint(point: SettingResult) -> tuple[str, ...] | None:
+    """The plans of a ckpt point, graph by graph; None where any graph's plan is unknown."""
+    prints = tuple(g.get("fingerprint") for g in point.graphs)
+    return prints if prints and None not in prints else None  # type: ignore[return-value]
+
+
+def same_plan_pairs(model: ModelResult) -> list[tuple[SettingResult, SettingResult]]:
+    """Pairs of ckpt settings that made the same plans: the same compiled program, timed twice."""
+    groups: dict[tuple[str, ...], list[SettingResult]] = {}
+    for point in _measured(model):
+        prints = _plan_fingerprint(point) if point.setting.family == CKPT else None
+        if prints is not None:
+            groups.setdefault(prints, []).append(point)
+    return [(a, b) for group in groups.values() for k, a in enumerate(group) for b in group[k + 1 :]]
+
+
 def _noise(model: ModelResult) -> tuple[float | None, float | None]:
     by_key = {r.setting.key: r for r in _measured(model)}
     first, repeat = by_key.get("compile"), by_key.get("compile-repeat")
@@ -96,8 +122,8 @@ def _noise(model: ModelResult) -> tuple[float | None, float | None]:
     if repeat is None:
         return None, first.step_s
     assert repeat.step_s is not None
-    gap = abs(first.step_s / repeat.step_s - 1.0)
-    return max(gap, 2.0 * _ratio_standard_error(first.samples_s, repeat.samples_s)), (first.step_s + repeat.step_s) / 2
+    noise = max([_pair_noise(first, repeat)] + [_pair_noise(a, b) for a, b in same_plan_pairs(model)])
+    return noise, (first.step_s + repeat.step_s) / 2
 
 
 def _budget_check(point: SettingResult) -> dict[str, Any]:

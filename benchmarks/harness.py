@@ -149,6 +149,7 @@ def summarize_record(record: PartitionRecord, top: int = 8) -> dict[str, Any]:
         "predicted_peak": None if record.peak is None else record.peak.peak_bytes,
         "peak_at": None if record.peak is None else f"{record.peak.phase}:{record.peak.node}",
         "peak_cap_bytes": record.peak_cap_bytes,
+        "fingerprint": record.fingerprint,  # equal for equal plans: their compiled code is the same
     }
     plan, analysis = record.plan, record.analysis
     if plan is None or analysis is None:

@@ -197,3 +197,33 @@ class Runner:
     # the convolution's 64 bytes, then the copy's 64 while the convolution's result is alive
     assert forward.peak_bytes == 128 and dict(forward.alive) == {"buf0": 64, "buf1": 64}
     assert forward.end_bytes == 64 and backward.end_bytes == 64
+
+
+def test_ckpt_settings_that_made_the_same_plan_count_in_the_noise():
+    steady = [1.00, 1.01, 0.99, 1.00, 1.02, 0.98, 1.00, 1.01, 0.99, 1.00]
+    samples = {
+        "compile": steady,
+        "compile-repeat": steady,
+        "ckpt-none": [t * 1.06 for t in steady],
+        "ckpt-0.75": steady,  # the same plan as no budget, timed 6% apart
+        "ckpt-0.5": steady,
+    }
+    mib = {"compile": 100.0, "compile-repeat": 100.0, "ckpt-none": 50.0, "ckpt-0.75": 50.0, "ckpt-0.5": 40.0}
+    model = _model(samples, mib)
+    prints = {"ckpt-none": "aaaa", "ckpt-0.75": "aaaa", "ckpt-0.5": "bbbb"}
+    for point in model.settings:
+        if point.setting.key in prints:
+            point.graphs = [{"fingerprint": prints[point.setting.key]}]
+    verdict = analyze_model(model)
+    assert verdict.noise == pytest.approx(0.06)
+    beaten = [d for d in verdict.dominated if d["setting"] == "ckpt none"]
+    assert beaten and not any(d["beyond_noise"] for d in beaten), "a plan is not beaten by itself beyond noise"
+    # Different plans, or a graph without a fingerprint, are not copies of one program.
+    prints["ckpt-0.75"] = "cccc"
+    for point in model.settings:
+        if point.setting.key in prints:
+            point.graphs = [{"fingerprint": prints[point.setting.key]}]
+    assert analyze_model(model).noise < 0.02
+    model.settings[2].graphs = [{"fingerprint": None}]
+    model.settings[3].graphs = [{"fingerprint": None}]
+    assert analyze_model(model).noise < 0.02
