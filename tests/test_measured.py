@@ -295,7 +295,7 @@ def test_a_cpu_that_becomes_busy_between_the_calls_keeps_no_timing(joint, cache,
     monkeypatch.setattr(measured, "_time_call", slow_call)
     monkeypatch.setattr(measured, "_measure_scratch", lambda call: 0)
     monkeypatch.setattr(measured.time, "perf_counter", lambda: now[0])
-    # Quiet before; beside one busy process (one core of two taken) the run of matmuls reads ~1.8-2x.
+    # Quiet before; beside one busy process (one core of two taken) the run of matmuls read 2.0-2.3x here.
     slowdowns.extend([1.1, 1.8])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

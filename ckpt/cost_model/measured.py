@@ -132,7 +132,7 @@ _MAX_REPEAT_SECONDS = 0.25  # fewer repeats for a call slower than this
 # The busy check's run of reference matmuls this many times slower than the calibrated profile
 # predicts: the CPU is busy and timings are not kept.  On a quiet 2-thread Xeon the run takes
 # 1.05-1.2 times the prediction (the profile scales a one-thread rate by the thread count);
-# beside one busy process, which takes one of the two cores, 1.8-2.0 times.
+# beside one busy process, which takes one of the two cores, 2.0-2.3 times.
 BUSY_FACTOR = 1.5
 # How long the busy check's run of matmuls lasts, about: several of the scheduler's time slices.
 CANARY_WINDOW = 0.02
