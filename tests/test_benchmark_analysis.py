@@ -8,6 +8,8 @@ from benchmarks.analysis import analyze_model, evaluate_targets
 from benchmarks.harness import ModelResult, SettingResult
 from benchmarks.settings import SETTINGS
 
+STEADY = [1.00, 1.01, 0.99, 1.00, 1.02, 0.98, 1.00, 1.01, 0.99, 1.00]  # step times of a calm setting
+
 
 def _model(samples: dict[str, list[float]], mib: dict[str, float]) -> ModelResult:
     settings = [
@@ -18,7 +20,7 @@ def _model(samples: dict[str, list[float]], mib: dict[str, float]) -> ModelResul
 
 
 def test_noise_is_at_least_the_gap_and_grows_with_the_spread():
-    steady = [1.00, 1.01, 0.99, 1.00, 1.02, 0.98, 1.00, 1.01, 0.99, 1.00]
+    steady = STEADY
     noisy = [1.00, 1.20, 0.85, 1.10, 0.90, 1.15, 0.80, 1.05, 0.95, 1.25]
     mib = {"compile": 10.0, "compile-repeat": 10.0}
     calm = analyze_model(_model({"compile": steady, "compile-repeat": steady[::-1]}, mib))
@@ -33,7 +35,7 @@ def test_noise_is_at_least_the_gap_and_grows_with_the_spread():
 
 
 def test_a_ckpt_point_beaten_on_both_axes_is_dominated_beyond_noise():
-    steady = [1.00, 1.01, 0.99, 1.00, 1.02, 0.98, 1.00, 1.01, 0.99, 1.00]
+    steady = STEADY
     samples = {
         "compile": steady,
         "compile-repeat": steady,
@@ -98,7 +100,7 @@ def test_a_cap_below_every_plans_peak_is_kept_by_running_the_lowest_peak():
 
 
 def test_time_predicted_compares_predicted_and_measured_changes_against_no_budget():
-    steady = [1.00, 1.01, 0.99, 1.00, 1.02, 0.98, 1.00, 1.01, 0.99, 1.00]
+    steady = STEADY
 
     def point(key: str, step: float, predicted: float) -> SettingResult:
         return SettingResult(
@@ -200,7 +202,7 @@ class Runner:
 
 
 def test_ckpt_settings_that_made_the_same_plan_count_in_the_noise():
-    steady = [1.00, 1.01, 0.99, 1.00, 1.02, 0.98, 1.00, 1.01, 0.99, 1.00]
+    steady = STEADY
     samples = {
         "compile": steady,
         "compile-repeat": steady,
@@ -210,20 +212,17 @@ def test_ckpt_settings_that_made_the_same_plan_count_in_the_noise():
     }
     mib = {"compile": 100.0, "compile-repeat": 100.0, "ckpt-none": 50.0, "ckpt-0.75": 50.0, "ckpt-0.5": 40.0}
     model = _model(samples, mib)
-    prints = {"ckpt-none": "aaaa", "ckpt-0.75": "aaaa", "ckpt-0.5": "bbbb"}
-    for point in model.settings:
-        if point.setting.key in prints:
-            point.graphs = [{"fingerprint": prints[point.setting.key]}]
-    verdict = analyze_model(model)
+
+    def planned(prints: dict[str, str | None]) -> ModelResult:
+        for point in model.settings:
+            if point.setting.key in prints:
+                point.graphs = [{"fingerprint": prints[point.setting.key]}]
+        return model
+
+    verdict = analyze_model(planned({"ckpt-none": "aaaa", "ckpt-0.75": "aaaa", "ckpt-0.5": "bbbb"}))
     assert verdict.noise == pytest.approx(0.06)
     beaten = [d for d in verdict.dominated if d["setting"] == "ckpt none"]
     assert beaten and not any(d["beyond_noise"] for d in beaten), "a plan is not beaten by itself beyond noise"
     # Different plans, or a graph without a fingerprint, are not copies of one program.
-    prints["ckpt-0.75"] = "cccc"
-    for point in model.settings:
-        if point.setting.key in prints:
-            point.graphs = [{"fingerprint": prints[point.setting.key]}]
-    assert analyze_model(model).noise < 0.02
-    model.settings[2].graphs = [{"fingerprint": None}]
-    model.settings[3].graphs = [{"fingerprint": None}]
-    assert analyze_model(model).noise < 0.02
+    assert analyze_model(planned({"ckpt-0.75": "cccc"})).noise < 0.02
+    assert analyze_model(planned({"ckpt-none": None, "ckpt-0.75": None})).noise < 0.02
