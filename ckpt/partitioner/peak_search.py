@@ -42,6 +42,7 @@ Plain data only: the solver is passed in as a function.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -282,12 +283,24 @@ def cap_peak(
             candidates.append(candidate)
     if best is not None:
         low = min([best.prediction.peak_bytes] + [c.prediction.peak_bytes for c in candidates])
-        return PeakSearchResult(best.plan, best.prediction, True, start_peak, low, steps)
+        return PeakSearchResult(_under(best.plan, budget_bytes), best.prediction, True, start_peak, low, steps)
     lowest = candidates[0]
     for candidate in candidates[1:]:
         if _better_fallback(candidate, lowest, budget_bytes):
             lowest = candidate
-    return PeakSearchResult(lowest.plan, lowest.prediction, False, start_peak, lowest.prediction.peak_bytes, steps)
+    plan = _under(lowest.plan, budget_bytes)
+    return PeakSearchResult(plan, lowest.prediction, False, start_peak, lowest.prediction.peak_bytes, steps)
+
+
+def _under(plan: Plan, budget_bytes: int | None) -> Plan:
+    """``plan`` as a plan under the caller's budget: a walk's tighter budget is the search's own.
+
+    A walk step solves under a budget below the caller's (:func:`peak_walk`),
+    possibly below the smallest plan; the plan it returns is within the
+    caller's budget all the same, and must not report the step's budget as
+    the one it exceeds.
+    """
+    return plan if plan.budget_bytes == budget_bytes else dataclasses.replace(plan, budget_bytes=budget_bytes)
 
 
 def _better_fallback(candidate: _Candidate, current: _Candidate, budget_bytes: int | None) -> bool:
