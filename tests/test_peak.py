@@ -11,6 +11,7 @@ import torch.nn as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.models import model_spec
 from ckpt import _torch_compat as compat
 from ckpt.backend import CkptPartitioner, PeakWarning
 from ckpt.config import CkptConfig, parse_budget, parse_peak
@@ -808,6 +809,32 @@ def test_cap_search_keeps_the_cap_or_says_so_and_is_monotone(layers, budget, cap
                 assert result.plan.bytes <= budget
         peaks.append(result.prediction.peak_bytes)
     assert peaks == sorted(peaks, reverse=True)
+
+
+def test_a_budget_is_held_to_the_plans_a_larger_budgets_guard_chose() -> None:
+    # A small U-Net: at the ladder's larger budgets the solver's plans peak above the plan without
+    # a budget, and the guard's capped search takes them far below it (by 26% and 32%).  A smaller
+    # budget is held to those plans, not to the plan without a budget: before, a budget of 0.2 of
+    # what that plan saves was held to 176,656 bytes where the larger budget's plan peaks at 163,888.
+    torch.manual_seed(0)
+    model = model_spec("unet").build("tiny")
+    joint = trace_joint(model, *model.make_inputs(torch.Generator().manual_seed(0), torch.device("cpu"), torch.float32))
+    graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    problem = joint.analysis.problem
+    solve_pinned = solver_for(problem)
+    free = budget_peak(problem, graph, solve_pinned, None, slack=0)
+    rungs = {int(free.search.plan.bytes * fraction) for fraction in REFERENCE_RUNGS}
+    chosen = {rung: budget_peak(problem, graph, solve_pinned, rung, slack=0).search for rung in rungs}
+    assert min(c.prediction.peak_bytes for c in chosen.values()) < 0.75 * free.search.prediction.peak_bytes
+    for fraction in (0.4, 0.2, 0.1):
+        budget = int(free.search.plan.bytes * fraction)
+        result = budget_peak(problem, graph, solve_pinned, budget, slack=0)
+        above = [chosen[rung].prediction.peak_bytes for rung in rungs if rung > budget]
+        assert result.reference_peak <= min(above)
+        if result.raises_peak:  # said out loud, against the larger budget's plan
+            assert result.search.prediction.peak_bytes > min(above) * (1 + PEAK_RESOLUTION)
+        else:
+            assert result.search.prediction.peak_bytes <= min(above) * (1 + PEAK_RESOLUTION)
 
 
 class _ResidualBlock(torch.nn.Module):
