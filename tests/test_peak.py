@@ -661,8 +661,13 @@ def chain_problem(layers: int, size: int = 10) -> tuple[Problem, PeakGraph]:
 
 
 def solver_for(problem: Problem):
+    """The solver under a budget with values pinned saved, each answer kept (as the backend keeps them)."""
+    solved: dict[tuple[int | None, frozenset[int]], Plan] = {}
+
     def solve_pinned(budget: int | None, force: frozenset[int]) -> Plan:
-        return solve(problem, budget, force_saved=force)
+        if (budget, force) not in solved:
+            solved[budget, force] = solve(problem, budget, force_saved=force)
+        return solved[budget, force]
 
     return solve_pinned
 

@@ -42,10 +42,9 @@ Plain data only: the solver is passed in as a function.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ckpt.partitioner.peak import PeakGraph, PeakPrediction, backward_peak, forward_peak, predict_plan
 from ckpt.partitioner.plan import Plan
@@ -300,7 +299,7 @@ def _under(plan: Plan, budget_bytes: int | None) -> Plan:
     caller's budget all the same, and must not report the step's budget as
     the one it exceeds.
     """
-    return plan if plan.budget_bytes == budget_bytes else dataclasses.replace(plan, budget_bytes=budget_bytes)
+    return plan if plan.budget_bytes == budget_bytes else replace(plan, budget_bytes=budget_bytes)
 
 
 def _better_fallback(candidate: _Candidate, current: _Candidate, budget_bytes: int | None) -> bool:
@@ -460,10 +459,12 @@ def budget_peak(
         # slack too (a budget only makes the fastest plan slower).
         return BudgetPeakResult(free, free.prediction.peak_bytes, False)
 
+    def above(peak: int, reference: int) -> bool:
+        return peak > reference * (1 + PEAK_RESOLUTION)
+
     def guard(budget: int, result: PeakSearchResult, reference: int) -> BudgetPeakResult:
         """Step 3: ``result``, or the capped search's first plan at or below ``reference``."""
-        limit = reference * (1 + PEAK_RESOLUTION)
-        if result.prediction.peak_bytes <= limit:
+        if not above(result.prediction.peak_bytes, reference):
             return BudgetPeakResult(result, reference, False)
         capped = cap_peak(problem, graph, solve_fn, budget, reference, fastest=False, pin_sets=pin_sets)
         log.debug(
@@ -477,7 +478,7 @@ def budget_peak(
             return BudgetPeakResult(capped, reference, False)
         lower = _within_budget(capped.plan, budget) and capped.prediction.peak_bytes < result.prediction.peak_bytes
         best = capped if lower else result
-        return BudgetPeakResult(best, reference, best.prediction.peak_bytes > limit)
+        return BudgetPeakResult(best, reference, above(best.prediction.peak_bytes, reference))
 
     result = tie_break(budget_bytes)
     # Below the smallest plan there is nothing to choose: the plan that saves least is the
@@ -494,7 +495,7 @@ def budget_peak(
                 problem, graph, bound_solve_fn or solve_fn, rung, time_limit(rung), pin_sets, stop_when_slower=True
             ):
                 rung_peak = min(rung_peak, candidate.prediction.peak_bytes)
-            if rung_peak > reference * (1 + PEAK_RESOLUTION):
+            if above(rung_peak, reference):
                 # That budget's own guard may act: its plan is the rule's, as if it were the budget.
                 rung_peak = guard(rung, tie_break(rung), reference).search.prediction.peak_bytes
                 log.debug(
@@ -502,5 +503,5 @@ def budget_peak(
                 )
         reference = min(reference, rung_peak)
     if not choice:
-        return BudgetPeakResult(result, reference, result.prediction.peak_bytes > reference * (1 + PEAK_RESOLUTION))
+        return BudgetPeakResult(result, reference, above(result.prediction.peak_bytes, reference))
     return guard(budget_bytes, result, reference)
