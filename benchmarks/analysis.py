@@ -59,6 +59,8 @@ class ModelVerdict:
     matched: list[dict[str, Any]] = field(default_factory=list)
     dominated: list[dict[str, Any]] = field(default_factory=list)
     budgets: list[dict[str, Any]] = field(default_factory=list)
+    # ckpt settings that made the same plans (labels): timed twice, so part of the noise
+    same_plans: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -113,7 +115,8 @@ def same_plan_pairs(model: ModelResult) -> list[tuple[SettingResult, SettingResu
     return [(a, b) for group in groups.values() for k, a in enumerate(group) for b in group[k + 1 :]]
 
 
-def _noise(model: ModelResult) -> tuple[float | None, float | None]:
+def _noise(model: ModelResult, pairs: list[tuple[SettingResult, SettingResult]]) -> tuple[float | None, float | None]:
+    """The noise (compile against its repeat, and ``pairs``: same plans timed twice) and the compile step."""
     by_key = {r.setting.key: r for r in _measured(model)}
     first, repeat = by_key.get("compile"), by_key.get("compile-repeat")
     if first is None:
@@ -122,7 +125,7 @@ def _noise(model: ModelResult) -> tuple[float | None, float | None]:
     if repeat is None:
         return None, first.step_s
     assert repeat.step_s is not None
-    noise = max([_pair_noise(first, repeat)] + [_pair_noise(a, b) for a, b in same_plan_pairs(model)])
+    noise = max([_pair_noise(first, repeat)] + [_pair_noise(a, b) for a, b in pairs])
     return noise, (first.step_s + repeat.step_s) / 2
 
 
@@ -155,8 +158,10 @@ def _budget_check(point: SettingResult) -> dict[str, Any]:
 
 def analyze_model(model: ModelResult) -> ModelVerdict:
     points = _measured(model)
-    noise, compile_s = _noise(model)
+    pairs = same_plan_pairs(model)
+    noise, compile_s = _noise(model, pairs)
     verdict = ModelVerdict(model.name, noise, compile_s)
+    verdict.same_plans = [(a.setting.label, b.setting.label) for a, b in pairs]
     tolerance = noise or 0.0
     for point in (p for p in points if p.setting.family == CKPT):
         assert point.step_s is not None and point.activation_bytes is not None

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.analysis import ModelVerdict, Target, analyze_model, evaluate_targets, same_plan_pairs
+from benchmarks.analysis import ModelVerdict, Target, analyze_model, evaluate_targets
 from benchmarks.analysis import __doc__ as _definitions
 from benchmarks.harness import ModelResult, SettingResult
 from benchmarks.settings import SETTINGS, display_order
@@ -100,7 +100,7 @@ def _model_section(model: ModelResult, verdict: ModelVerdict) -> list[str]:
     ordered = sorted(model.settings, key=lambda r: display_order(r.setting))
     lines += [_setting_row(r, verdict.compile_s) for r in ordered]
     noise = "not measured (needs compile and compile-repeat)" if verdict.noise is None else f"{verdict.noise:.1%}"
-    pairs = [f"{a.setting.label} against {b.setting.label}" for a, b in same_plan_pairs(model)]
+    pairs = [f"{a} against {b}" for a, b in verdict.same_plans]
     copies = f" and the ckpt settings that made the same plan ({', '.join(pairs)})" if pairs else ""
     lines += [
         "",
