@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 
 from benchmarks.analysis import analyze_model, evaluate_targets
 from benchmarks.harness import ModelResult, SettingResult
+from benchmarks.report import load_results, write_results
 from benchmarks.settings import SETTINGS
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+# The committed results of ``python -m benchmarks.run`` (other benchmarks write files of their own shape).
+RUN_RESULTS = sorted(p.stem for p in RESULTS.glob("*.json") if "targets" in json.loads(p.read_text(encoding="utf-8")))
 
 STEADY = [1.00, 1.01, 0.99, 1.00, 1.02, 0.98, 1.00, 1.01, 0.99, 1.00]  # step times of a calm setting
 
@@ -226,3 +235,17 @@ def test_ckpt_settings_that_made_the_same_plan_count_in_the_noise():
     # Different plans, or a graph without a fingerprint, are not copies of one program.
     assert analyze_model(planned({"ckpt-0.75": "cccc"})).noise < 0.02
     assert analyze_model(planned({"ckpt-none": None, "ckpt-0.75": None})).noise < 0.02
+    assert analyze_model(planned({"ckpt-none": "aaaa", "ckpt-0.75": "aaaa"})).same_plans == [("ckpt none", "ckpt 0.75")]
+
+
+@pytest.mark.parametrize("stem", RUN_RESULTS)
+def test_the_committed_report_is_what_the_report_makes_of_its_results(stem, tmp_path):
+    # The README quotes these files: after a change to the verdicts, or to the analysis written
+    # beside a run, `python -m benchmarks.report benchmarks/results/<stem>.json` writes them again.
+    analysis = RESULTS / f"{stem}-analysis.md"
+    if analysis.exists():
+        shutil.copy(analysis, tmp_path / analysis.name)
+    meta, models = load_results(RESULTS / f"{stem}.json")
+    markdown, results = write_results(tmp_path, stem, meta, models)
+    assert markdown.read_text(encoding="utf-8") == (RESULTS / f"{stem}.md").read_text(encoding="utf-8")
+    assert results.read_text(encoding="utf-8") == (RESULTS / f"{stem}.json").read_text(encoding="utf-8")
