@@ -11,7 +11,9 @@ For one model the harness
    for the step's peak above what was allocated before it (the profiler's
    allocation events on the CPU, the allocator's statistics on a GPU);
 4. times the settings round-robin (A B C A B C ..., each round starting one
-   setting later), so drift on a busy machine hits them all alike.
+   setting later), so drift on a busy machine hits them all alike; on the
+   CPU it also counts the process's page faults in each timed step
+   (:mod:`benchmarks.malloc`).
 
 A step is forward plus backward; gradients are dropped (``set_to_none``)
 between steps, outside the timed region.  On a GPU each step is timed with
@@ -38,6 +40,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.malloc import minor_faults
 from benchmarks.model_base import BlockModel
 from benchmarks.models import ModelSpec, parameter_count
 from benchmarks.settings import Setting, Step, make_step
@@ -73,6 +76,7 @@ class SettingResult:
     second_call_s: float | None = None  # the byte-counting second step, wall clock (a guess of the step time)
     samples_s: list[float] = field(default_factory=list)
     peak_bytes: list[int] = field(default_factory=list)  # GPU: per step, above the memory allocated before it
+    page_faults: list[int] = field(default_factory=list)  # CPU: the process's minor page faults per timed step
     step_peak: int | None = None  # one step's peak above what was allocated before it (CPU and GPU)
     partition_s: float | None = None  # time inside the partitioner call (ckpt's or torch's)
     graphs: list[dict[str, Any]] = field(default_factory=list)  # ckpt: one summary per partitioned graph
@@ -187,8 +191,9 @@ def _sync(device: torch.device) -> None:
 
 def _timed_step(
     step: Step, model: BlockModel, inputs: Sequence[torch.Tensor], device: torch.device
-) -> tuple[float, int | None]:
-    """One forward and backward: (seconds, GPU peak bytes above the start or None)."""
+) -> tuple[float, int | None, int | None]:
+    """One forward and backward: (seconds, GPU peak bytes above the start or None, CPU page faults or None)."""
+    faults = None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
@@ -202,13 +207,17 @@ def _timed_step(
         seconds = start.elapsed_time(end) / 1e3
         peak: int | None = torch.cuda.max_memory_allocated(device) - base
     else:
+        faults_before = minor_faults()
         started = time.perf_counter()
         with step.context():
             loss = step.run(*inputs)
         loss.backward()
         seconds, peak = time.perf_counter() - started, None
+        faults_after = minor_faults()
+        if faults_before is not None and faults_after is not None:
+            faults = faults_after - faults_before
     model.zero_grad(set_to_none=True)
-    return seconds, peak
+    return seconds, peak, faults
 
 
 def _step_peak(step: Step, model: BlockModel, inputs: Sequence[torch.Tensor], device: torch.device) -> int:
@@ -267,7 +276,7 @@ def time_round_robin(
                 if results[i].error is not None:
                     continue
                 try:
-                    seconds, peak = _timed_step(steps[i], model, inputs, device)
+                    seconds, peak, faults = _timed_step(steps[i], model, inputs, device)
                 except Exception as error:  # a recompile or a runtime failure: drop this setting
                     if STOP.is_set():
                         raise KeyboardInterrupt from error
@@ -279,6 +288,8 @@ def time_round_robin(
                     results[i].samples_s.append(seconds)
                     if peak is not None:
                         results[i].peak_bytes.append(peak)
+                    if faults is not None:
+                        results[i].page_faults.append(faults)
             progress.update(f"{name}: timing round {round_index}/{rounds}")
 
 

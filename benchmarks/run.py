@@ -7,6 +7,11 @@ Examples::
     python -m benchmarks.run --models gpt2 --settings compile,ckpt-0.5 --out /tmp/bench
     python -m benchmarks.run --settings gpu --time-limit 420 --out "$OUT"   # what benchmarks/gpu.sh runs
 
+On the CPU, glibc's malloc is told to keep freed memory (``--malloc keep``,
+:mod:`benchmarks.malloc`), so that no setting's steps pay page faults for
+memory given back between steps; ``--malloc default`` keeps glibc's own
+thresholds.  Each timed step's page faults are recorded either way.
+
 ``--quick`` uses the tiny model sizes, the ``quick`` group of settings and
 three timed rounds, and names its files ``<device>-quick.*`` so it never
 overwrites the committed full results (``results/.gitignore`` ignores them).
@@ -29,6 +34,7 @@ from typing import Any
 import torch
 
 from benchmarks.harness import STOP, Clock, ModelResult, benchmark_model, progress_units
+from benchmarks.malloc import keep_freed_memory
 from benchmarks.models import MODELS, SIZES, ModelSpec, model_spec
 from benchmarks.plot import matplotlib_available, plot_results
 from benchmarks.report import write_results
@@ -75,6 +81,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--time-limit", type=float, default=None, help="seconds: skip settings and models that would not fit"
+    )
+    parser.add_argument(
+        "--malloc",
+        choices=("keep", "default"),
+        default="keep",
+        help="CPU: keep: glibc's malloc keeps freed memory, so no step pays page faults for memory given back "
+        "between steps (benchmarks/malloc.py; default); default: glibc's own thresholds",
     )
     return parser
 
@@ -161,6 +174,8 @@ def _configure(args: argparse.Namespace) -> _Plan:
     tag, device_name = _device_tag(device)
     stem = args.name or (tag + ("-quick" if args.quick else ""))
     meta = _meta(args, device, device_name, size, dtype, rounds)
+    if device.type == "cpu":
+        meta["malloc"] = (keep_freed_memory() if args.malloc == "keep" else None) or "default"
     return _Plan(specs, settings, device, size, dtype, rounds, args.out, stem, args.plot, args.time_limit, meta)
 
 

@@ -7,6 +7,7 @@ never timings: step times on a shared CI machine mean nothing.
 from __future__ import annotations
 
 import json
+import platform
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ pytestmark = pytest.mark.compile
 
 
 def test_quick_run_writes_table_json_and_plot(tmp_path):
+    from benchmarks.malloc import minor_faults
     from benchmarks.plot import matplotlib_available
     from benchmarks.run import main
 
@@ -24,6 +26,8 @@ def test_quick_run_writes_table_json_and_plot(tmp_path):
     table = (tmp_path / "smoke.md").read_text()
     for row in ("| eager |", "| compile |", "| ckpt 0.5 |", "## Targets", "| within budget |"):
         assert row in table
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert "Memory allocator: glibc malloc keeps freed memory" in table
     assert (tmp_path / "smoke.png").exists() == matplotlib_available()
     assert (tmp_path / "smoke-peak.png").exists() == matplotlib_available()
 
@@ -36,6 +40,7 @@ def test_quick_run_writes_table_json_and_plot(tmp_path):
         assert result["error"] is None, f"{key}: {result['error']}"
         assert result["activation_bytes"] > 0 and result["step_peak"] > 0
         assert len(result["samples_s"]) == 1
+        assert len(result["page_faults"]) == (1 if minor_faults() is not None else 0)
     capped = settings["ckpt-peak-0.5"]  # the tiny MLP's peak is its gradients: the cap is out of reach
     assert all(0 < g["peak_cap_bytes"] < g["predicted_peak"] for g in capped["graphs"])
 

@@ -1,0 +1,90 @@
+"""The CPU benchmark's allocator setting: freed memory is kept, so a repeated step takes no page faults."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.harness import ModelResult, SettingResult
+from benchmarks.malloc import minor_faults
+from benchmarks.report import write_results
+from benchmarks.settings import SETTINGS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Allocate 64 MiB in 4 MiB blocks, touch every page, free it all; four times.  The page
+# faults of the last three rounds tell whether the memory was given back in between.
+_ROUNDS = """
+import json, sys
+sys.path.insert(0, {root!r})
+from benchmarks.malloc import keep_freed_memory, minor_faults
+if sys.argv[1] == "keep":
+    keep_freed_memory()
+def one_round():
+    before = minor_faults()
+    blocks = [bytearray(4 << 20) for _ in range(16)]
+    for block in blocks:
+        block[::4096] = bytes(len(range(0, len(block), 4096)))
+    del blocks
+    return minor_faults() - before
+print(json.dumps([one_round() for _ in range(4)]))
+"""
+
+PAGES = 64 * 2**20 // 4096
+
+
+def _faults(mode: str) -> list[int]:
+    code = _ROUNDS.format(root=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, check=True, timeout=60)
+    return json.loads(done.stdout)
+
+
+@pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc settings only"
+)
+def test_kept_memory_is_not_faulted_in_again_by_the_next_round():
+    default, kept = _faults("default"), _faults("keep")
+    # glibc's own thresholds give the 64 MiB back after each round: every page faults again.
+    assert min(default[1:]) > PAGES // 2, default
+    # Kept: only the first round faults its pages in.
+    assert kept[0] > PAGES // 2, kept
+    assert max(kept[1:]) < PAGES // 100, kept
+
+
+def test_minor_faults_counts_pages_touched_for_the_first_time():
+    before = minor_faults()
+    if before is None:
+        pytest.skip("no getrusage on this platform")
+    block = bytearray(64 << 20)  # large enough to be mapped afresh, and zeroed page by page
+    block[::4096] = bytes(len(range(0, len(block), 4096)))
+    assert minor_faults() - before > PAGES // 2
+
+
+def test_the_report_names_the_allocator_and_the_settings_that_took_page_faults(tmp_path):
+    settings = [
+        SettingResult(SETTINGS["compile"], activation_bytes=2**20, samples_s=[1.0] * 3, page_faults=[0, 0, 0]),
+        SettingResult(SETTINGS["ckpt-none"], activation_bytes=2**20, samples_s=[1.0] * 3, page_faults=[2016, 0, 2100]),
+        SettingResult(SETTINGS["ckpt-0.5"], activation_bytes=2**19, samples_s=[1.1] * 3, page_faults=[]),
+    ]
+    model = ModelResult("m", "M", transformer=True, size="cpu", params=1, config={}, settings=settings)
+    meta = {
+        "device": "cpu",
+        "device_name": "CPU",
+        "torch": "x",
+        "dtype": "float32",
+        "size": "cpu",
+        "rounds": 3,
+        "date": "today",
+        "command": "python -m benchmarks.run",
+        "malloc": "glibc malloc keeps freed memory (test)",
+    }
+    md, js = write_results(tmp_path, "faults", meta, [model])
+    text = md.read_text()
+    assert "Memory allocator: glibc malloc keeps freed memory (test)." in text
+    assert "Page faults per timed step (median), where any: ckpt none 2,016." in text
+    assert json.loads(js.read_text())["models"][0]["settings"][1]["page_faults"] == [2016, 0, 2100]
