@@ -13,7 +13,7 @@ For one model the harness
 4. times the settings round-robin (A B C A B C ..., each round starting one
    setting later), so drift on a busy machine hits them all alike; on the
    CPU it also counts the process's page faults in each timed step
-   (:mod:`benchmarks.malloc`).
+   (:func:`ckpt.measure.minor_faults`).
 
 A step is forward plus backward; gradients are dropped (``set_to_none``)
 between steps, outside the timed region.  On a GPU each step is timed with
@@ -40,12 +40,11 @@ from typing import Any
 
 import torch
 
-from benchmarks.malloc import minor_faults
 from benchmarks.model_base import BlockModel
 from benchmarks.models import ModelSpec, parameter_count
 from benchmarks.settings import Setting, Step, make_step
 from ckpt import _torch_compat as compat
-from ckpt.measure import peak_memory, saved_activations
+from ckpt.measure import minor_faults, peak_memory, release_freed_memory, saved_activations
 from ckpt.records import PartitionRecord, record_partitions
 from ckpt.tools.common import rotation
 from ckpt.tools.progress import Progress
@@ -330,6 +329,7 @@ def benchmark_model(
     del steps, model, inputs
     torch.compiler.reset()
     gc.collect()
+    release_freed_memory()  # the next model starts from a compact heap (ckpt.measure.release_freed_memory)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return outcome

@@ -8,9 +8,11 @@ Examples::
     python -m benchmarks.run --settings gpu --time-limit 420 --out "$OUT"   # what benchmarks/gpu.sh runs
 
 On the CPU, glibc's malloc is told to keep freed memory (``--malloc keep``,
-:mod:`benchmarks.malloc`), so that no setting's steps pay page faults for
-memory given back between steps; ``--malloc default`` keeps glibc's own
-thresholds.  Each timed step's page faults are recorded either way.
+:func:`ckpt.measure.keep_freed_memory`), so that no setting's steps pay page
+faults for memory given back between steps, and the memory is given back
+between models, so each starts from a compact heap; ``--malloc default``
+keeps glibc's own thresholds.  Each timed step's page faults are recorded
+either way.
 
 ``--quick`` uses the tiny model sizes, the ``quick`` group of settings and
 three timed rounds, and names its files ``<device>-quick.*`` so it never
@@ -34,11 +36,11 @@ from typing import Any
 import torch
 
 from benchmarks.harness import STOP, Clock, ModelResult, benchmark_model, progress_units
-from benchmarks.malloc import keep_freed_memory
 from benchmarks.models import MODELS, SIZES, ModelSpec, model_spec
 from benchmarks.plot import matplotlib_available, plot_results
 from benchmarks.report import write_results
 from benchmarks.settings import SETTING_GROUPS, Setting, select_settings
+from ckpt.measure import keep_freed_memory
 from ckpt.tools.progress import Progress
 
 __all__ = ["main"]
@@ -87,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=("keep", "default"),
         default="keep",
         help="CPU: keep: glibc's malloc keeps freed memory, so no step pays page faults for memory given back "
-        "between steps (benchmarks/malloc.py; default); default: glibc's own thresholds",
+        "between steps (ckpt.measure.keep_freed_memory; default); default: glibc's own thresholds",
     )
     return parser
 

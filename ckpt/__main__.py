@@ -122,6 +122,7 @@ def _pareto(args: argparse.Namespace) -> int:
         require_matplotlib()
     except ImportError as error:
         args.parser.error(str(error))
+    _allocator(args.malloc)
     model, inputs = _model(args.parser, args.factory)
     print(
         pareto(
@@ -137,9 +138,18 @@ def _pareto(args: argparse.Namespace) -> int:
     return 0
 
 
+def _allocator(mode: str) -> None:
+    """Timing commands: with ``keep``, glibc's malloc keeps freed memory (:func:`ckpt.measure.keep_freed_memory`)."""
+    if mode == "keep":
+        from ckpt.measure import keep_freed_memory
+
+        keep_freed_memory()
+
+
 def _validate(args: argparse.Namespace) -> int:
     from ckpt.tools.tradeoff import validate_time_model
 
+    _allocator(args.malloc)
     model, inputs = _model(args.parser, args.factory)
     print(validate_time_model(model, *inputs, budgets=args.budgets, steps=max(args.steps, 2), statistic=args.statistic))
     return 0
@@ -148,6 +158,10 @@ def _validate(args: argparse.Namespace) -> int:
 def _add_model_commands(commands: argparse._SubParsersAction) -> None:
     factory_help = "model factory as module:function, returning (model, (inputs...)) or (model, input)"
     statistic_help = "summary of the timed steps: median (default), or min on a machine shared with other work"
+    malloc_help = (
+        "keep (default): glibc's malloc keeps freed memory, so no step pays page faults for memory given back "
+        "between steps (ckpt.measure.keep_freed_memory); default: glibc's own thresholds"
+    )
     explain = commands.add_parser(
         "explain", help="compile a model with ckpt, run one step, print what was saved and recomputed"
     )
@@ -172,6 +186,7 @@ def _add_model_commands(commands: argparse._SubParsersAction) -> None:
     )
     pareto.add_argument("--steps", type=_steps_arg, default=5, help="timed steps per budget (default 5)")
     pareto.add_argument("--statistic", choices=["median", "min"], default="median", help=statistic_help)
+    pareto.add_argument("--malloc", choices=["keep", "default"], default="keep", help=malloc_help)
     pareto.set_defaults(run=_pareto, parser=pareto)
     validate = commands.add_parser(
         "validate", help="measured against predicted step-time change from recomputation, and step peak"
@@ -187,6 +202,7 @@ def _add_model_commands(commands: argparse._SubParsersAction) -> None:
         "--steps", type=_steps_arg, default=15, help="timed steps per budget (default 15, at least 2)"
     )
     validate.add_argument("--statistic", choices=["median", "min"], default="median", help=statistic_help)
+    validate.add_argument("--malloc", choices=["keep", "default"], default="keep", help=malloc_help)
     validate.set_defaults(run=_validate, parser=validate)
 
 

@@ -16,9 +16,9 @@ pytestmark = pytest.mark.compile
 
 
 def test_quick_run_writes_table_json_and_plot(tmp_path):
-    from benchmarks.malloc import minor_faults
     from benchmarks.plot import matplotlib_available
     from benchmarks.run import main
+    from ckpt.measure import minor_faults
 
     argv = ["--quick", "--models", "mlp", "--settings", "eager,compile,ckpt-0.5,ckpt-peak-0.5", "--rounds", "1"]
     assert main([*argv, "--out", str(tmp_path), "--name", "smoke", "--plot", "auto"]) == 0

@@ -379,6 +379,7 @@ def test_factory_with_one_input_is_normalised():
         (["pareto", "tests.test_explain:tiny_factory", "--steps", "0"], "argument --steps: '0'"),
         (["validate", "tests.test_explain:returns_three"], "returned a tuple of length 3"),
         (["validate", "tests.test_explain:tiny_factory", "--statistic", "mean"], "--statistic: invalid choice"),
+        (["validate", "tests.test_explain:tiny_factory", "--malloc", "jemalloc"], "--malloc: invalid choice"),
     ],
 )
 def test_command_line_rejects_bad_arguments(argv, match, capsys):
