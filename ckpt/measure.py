@@ -34,7 +34,9 @@ none.  That cost is the allocator's, not the plan's.
 :func:`keep_freed_memory` sets both thresholds for the running process (as
 ``MALLOC_TRIM_THRESHOLD_`` and ``MALLOC_MMAP_THRESHOLD_`` would at start);
 PyTorch's CPU launcher gets the same by preloading jemalloc or tcmalloc.
-:func:`minor_faults` counts the process's page faults.
+:func:`release_freed_memory` gives the kept memory back (between workloads
+that should not share a heap), and :func:`minor_faults` counts the
+process's page faults.
 """
 
 from __future__ import annotations
@@ -184,6 +186,14 @@ TRIM_THRESHOLD = 2**31 - 1  # bytes of free heap top kept: mallopt takes an int
 MMAP_THRESHOLD = 32 * 2**20  # requests from this size are mmapped: glibc's largest on 64-bit systems
 
 
+def _glibc() -> ctypes.CDLL | None:
+    """The C library, if it is glibc (whose malloc these settings are for), else None."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        log.info("not glibc (%s, %s): malloc's settings are left as they are", platform.system(), platform.libc_ver())
+        return None
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
 def keep_freed_memory() -> str | None:
     """Make glibc's malloc keep freed memory for the process's life; a description, or None if not glibc.
 
@@ -191,10 +201,9 @@ def keep_freed_memory() -> str | None:
     is given back only when more than :data:`TRIM_THRESHOLD` bytes at its
     top are free.  Elsewhere (macOS, musl) nothing is changed.
     """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        log.info("not glibc (%s, %s): malloc's settings are left as they are", platform.system(), platform.libc_ver())
+    libc = _glibc()
+    if libc is None:
         return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     mallopt = libc.mallopt
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
@@ -215,15 +224,15 @@ def release_freed_memory() -> bool:
 
     After :func:`keep_freed_memory`, a process that runs several workloads
     one after another (the benchmark's models) would run each later one in
-    the heap the earlier ones left, fragmented by their buffers: on the CPU
+    the heap the earlier ones left: on the CPU
     benchmark, the U-Net's steps took 20-23% longer after four other models
     than in a run of its own under default compile and torch's budgets, and
     22-36% longer under ckpt's settings.  Called between workloads, it lets
     each start from a compact heap; the memory is then kept again.
     """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    libc = _glibc()
+    if libc is None:
         return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     libc.malloc_trim.argtypes = (ctypes.c_size_t,)
     libc.malloc_trim(0)
     return True
