@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import logging
 import platform
 from collections.abc import Callable, Iterable, Iterator
@@ -186,8 +187,9 @@ TRIM_THRESHOLD = 2**31 - 1  # bytes of free heap top kept: mallopt takes an int
 MMAP_THRESHOLD = 32 * 2**20  # requests from this size are mmapped: glibc's largest on 64-bit systems
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
-    """The C library, if it is glibc (whose malloc these settings are for), else None."""
+    """The C library, if it is glibc (whose malloc these settings are for), else None; looked up once."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         log.info("not glibc (%s, %s): malloc's settings are left as they are", platform.system(), platform.libc_ver())
         return None
