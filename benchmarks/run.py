@@ -156,6 +156,7 @@ class _Plan:
     plot: str
     time_limit: float | None
     meta: dict[str, Any]
+    keep_freed_memory: bool  # CPU with --malloc keep: main() sets glibc's thresholds before measuring
 
 
 def _configure(args: argparse.Namespace) -> _Plan:
@@ -176,9 +177,8 @@ def _configure(args: argparse.Namespace) -> _Plan:
     tag, device_name = _device_tag(device)
     stem = args.name or (tag + ("-quick" if args.quick else ""))
     meta = _meta(args, device, device_name, size, dtype, rounds)
-    if device.type == "cpu":
-        meta["malloc"] = (keep_freed_memory() if args.malloc == "keep" else None) or "default"
-    return _Plan(specs, settings, device, size, dtype, rounds, args.out, stem, args.plot, args.time_limit, meta)
+    keep = device.type == "cpu" and args.malloc == "keep"
+    return _Plan(specs, settings, device, size, dtype, rounds, args.out, stem, args.plot, args.time_limit, meta, keep)
 
 
 def _measure(plan: _Plan, progress: Progress, results: list[ModelResult]) -> None:
@@ -203,6 +203,8 @@ def _interrupt(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     plan = _configure(_parser().parse_args(argv))
+    if plan.device.type == "cpu":
+        plan.meta["malloc"] = (keep_freed_memory() if plan.keep_freed_memory else None) or "default"
     progress = Progress(progress_units(len(plan.specs), len(plan.settings), plan.rounds))
     results: list[ModelResult] = []
     STOP.clear()

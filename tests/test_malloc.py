@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
 import json
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +13,13 @@ import pytest
 from benchmarks.harness import ModelResult, SettingResult
 from benchmarks.report import write_results
 from benchmarks.settings import SETTINGS
-from ckpt.measure import minor_faults
+from ckpt.measure import _glibc, minor_faults
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Allocate 64 MiB in 4 MiB blocks, touch every page, free it all (and with "release", give the
-# freed memory back); four times.  The page faults of the last three rounds tell whether the
-# memory was given back in between.
+# Allocate 64 MiB in 4 MiB blocks, touch every page (touch_pages, whose source goes first), free
+# it all (and with "release", give the freed memory back); four times.  The page faults of the
+# last three rounds tell whether the memory was given back in between.
 _ROUNDS = """
 import json, sys
 sys.path.insert(0, {root!r})
@@ -30,7 +30,7 @@ def one_round():
     before = minor_faults()
     blocks = [bytearray(4 << 20) for _ in range(16)]
     for block in blocks:
-        block[::4096] = bytes(len(range(0, len(block), 4096)))
+        touch_pages(block)
     del blocks
     if sys.argv[1] == "release":
         release_freed_memory()
@@ -41,15 +41,18 @@ print(json.dumps([one_round() for _ in range(4)]))
 PAGES = 64 * 2**20 // 4096
 
 
+def touch_pages(block: bytearray) -> None:
+    """Write one byte in every 4 KiB page of ``block``, so each page is mapped in."""
+    block[::4096] = bytes(len(range(0, len(block), 4096)))
+
+
 def _faults(mode: str) -> list[int]:
-    code = _ROUNDS.format(root=str(ROOT))
+    code = inspect.getsource(touch_pages) + _ROUNDS.format(root=str(ROOT))
     done = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, check=True, timeout=60)
     return json.loads(done.stdout)
 
 
-@pytest.mark.skipif(
-    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc settings only"
-)
+@pytest.mark.skipif(_glibc() is None, reason="glibc's malloc settings only")
 def test_kept_memory_is_not_faulted_in_again_by_the_next_round_until_released():
     default, kept = _faults("default"), _faults("keep")
     # glibc's own thresholds give the 64 MiB back after each round: every page faults again.
@@ -67,7 +70,7 @@ def test_minor_faults_counts_pages_touched_for_the_first_time():
     if before is None:
         pytest.skip("no getrusage on this platform")
     block = bytearray(64 << 20)  # large enough to be mapped afresh, and zeroed page by page
-    block[::4096] = bytes(len(range(0, len(block), 4096)))
+    touch_pages(block)
     assert minor_faults() - before > PAGES // 2
 
 
