@@ -387,6 +387,18 @@ def _segment_tie_break(
     )
 
 
+def _one_plan(problem: Problem, budget_bytes: int) -> bool:
+    """The budget is below every value that takes bytes: every plan within it saves none of them.
+
+    Values that take no bytes are graph inputs, never recomputed, or empty
+    tensors, which hold nothing: all such plans keep the same bytes, and a
+    budget of 0 admits one plan, the solver's.  Searching among plans within
+    it (the tie-break, the guard) would solve and simulate many plans to find
+    that one again: on a 7B Llama shape of 32 layers, 7 s of planning.
+    """
+    return all(b > budget_bytes for b, can in zip(problem.save_bytes, problem.can_save) if can and b > 0)
+
+
 @dataclass(frozen=True)
 class BudgetPeakResult:
     """The plan under a budget alone, and the peak it is held to."""
@@ -438,9 +450,12 @@ def budget_peak(
        (:func:`cap_peak`) finds within the budget and at or below the
        reference replaces it, whatever its time.  If there is none, the lower
        of the two peaks is kept and ``raises_peak`` says so.  Below the
-       smallest plan (no plan is within the budget) there is nothing to
-       choose: the reference counts the solver's plans at the rungs only, and
-       ``raises_peak`` says whether the plan rises above it.
+       smallest plan (no plan is within the budget), or where the budget is
+       below every value that takes bytes (a budget of 0: one plan), there is
+       nothing to choose: the solver's plan is the answer (no tie-break, no
+       guard), and ``raises_peak`` says whether it rises above the reference;
+       below the smallest plan the reference counts the solver's plans at the
+       rungs only.
     """
 
     def time_limit(budget: int | None) -> int:
@@ -480,9 +495,16 @@ def budget_peak(
         best = capped if lower else result
         return BudgetPeakResult(best, reference, above(best.prediction.peak_bytes, reference))
 
-    result = tie_break(budget_bytes)
-    # Below the smallest plan there is nothing to choose: the plan that saves least is the
-    # only answer, and the reference only says (in the warning) what it rises above.
+    one_plan = _one_plan(problem, budget_bytes)
+    if one_plan:
+        plan = solve_fn(budget_bytes, frozenset())
+        prediction = predict_plan(graph, plan)
+        result = PeakSearchResult(plan, prediction, True, prediction.peak_bytes, prediction.peak_bytes, 0)
+    else:
+        result = tie_break(budget_bytes)
+    # Below the smallest plan, or where the budget admits one plan only, there is nothing to
+    # choose: that plan is the answer, and the reference only says (in the warning) what it
+    # rises above.  Below the smallest plan the reference counts the rungs' solver plans only.
     choice = not result.plan.over_budget
     reference = free.prediction.peak_bytes
     for fraction in REFERENCE_RUNGS:
@@ -502,6 +524,6 @@ def budget_peak(
                     "budget %d: the plan at the larger budget %d peaks at %d bytes", budget_bytes, rung, rung_peak
                 )
         reference = min(reference, rung_peak)
-    if not choice:
+    if not choice or one_plan:
         return BudgetPeakResult(result, reference, above(result.prediction.peak_bytes, reference))
     return guard(budget_bytes, result, reference)
