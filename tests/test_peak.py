@@ -791,6 +791,25 @@ def test_a_budget_never_raises_the_peak_above_larger_budgets_unless_it_says_so(l
         assert lower.reference_peak <= result.reference_peak
 
 
+def test_a_budget_of_zero_is_the_solvers_plan_without_a_search_within_it() -> None:
+    problem, graph = chain_problem(8)
+    solve_pinned = solver_for(problem)
+    calls: list[tuple[int | None, frozenset[int]]] = []
+
+    def counted(budget: int | None, force: frozenset[int]) -> Plan:
+        calls.append((budget, force))
+        return solve_pinned(budget, force)
+
+    result = budget_peak(problem, graph, counted, 0, slack=0)
+    assert result.search.plan == solve(problem, 0)
+    assert result.search.plan.bytes == 0
+    # Every plan within a budget of 0 saves nothing: no value is pinned under it.
+    assert [force for budget, force in calls if budget == 0] == [frozenset()]
+    # Recomputing the whole chain raises the peak above the plans at larger budgets, and it says so.
+    assert result.raises_peak
+    assert result.reference_peak < result.search.prediction.peak_bytes
+
+
 @given(
     layers=st.integers(2, 14),
     budget=st.one_of(st.none(), st.integers(0, 140)),
