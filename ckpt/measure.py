@@ -59,6 +59,7 @@ __all__ = [
     "TRIM_THRESHOLD",
     "PeakMemory",
     "SavedActivations",
+    "glibc_malloc",
     "keep_freed_memory",
     "live_storages",
     "minor_faults",
@@ -194,6 +195,11 @@ def _glibc() -> ctypes.CDLL | None:
         log.info("not glibc (%s, %s): malloc's settings are left as they are", platform.system(), platform.libc_ver())
         return None
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
+def glibc_malloc() -> bool:
+    """Whether the process's ``malloc`` is glibc's: the one :func:`keep_freed_memory` and its kin act on."""
+    return _glibc() is not None
 
 
 def keep_freed_memory() -> str | None:

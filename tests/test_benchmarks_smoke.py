@@ -17,7 +17,7 @@ pytestmark = pytest.mark.compile
 def test_quick_run_writes_table_json_and_plot(tmp_path):
     from benchmarks.plot import matplotlib_available
     from benchmarks.run import main
-    from ckpt.measure import _glibc, minor_faults
+    from ckpt.measure import glibc_malloc, minor_faults
 
     argv = ["--quick", "--models", "mlp", "--settings", "eager,compile,ckpt-0.5,ckpt-peak-0.5", "--rounds", "1"]
     assert main([*argv, "--out", str(tmp_path), "--name", "smoke", "--plot", "auto"]) == 0
@@ -25,7 +25,7 @@ def test_quick_run_writes_table_json_and_plot(tmp_path):
     table = (tmp_path / "smoke.md").read_text()
     for row in ("| eager |", "| compile |", "| ckpt 0.5 |", "## Targets", "| within budget |"):
         assert row in table
-    if _glibc() is not None:
+    if glibc_malloc():
         assert "Memory allocator: glibc malloc keeps freed memory" in table
     assert (tmp_path / "smoke.png").exists() == matplotlib_available()
     assert (tmp_path / "smoke-peak.png").exists() == matplotlib_available()

@@ -13,7 +13,7 @@ import pytest
 from benchmarks.harness import ModelResult, SettingResult
 from benchmarks.report import write_results
 from benchmarks.settings import SETTINGS
-from ckpt.measure import _glibc, minor_faults
+from ckpt.measure import glibc_malloc, minor_faults
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +52,7 @@ def _faults(mode: str) -> list[int]:
     return json.loads(done.stdout)
 
 
-@pytest.mark.skipif(_glibc() is None, reason="glibc's malloc settings only")
+@pytest.mark.skipif(not glibc_malloc(), reason="glibc's malloc settings only")
 def test_kept_memory_is_not_faulted_in_again_by_the_next_round_until_released():
     default, kept = _faults("default"), _faults("keep")
     # glibc's own thresholds give the 64 MiB back after each round: every page faults again.
