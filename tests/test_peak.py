@@ -791,6 +791,60 @@ def test_a_budget_never_raises_the_peak_above_larger_budgets_unless_it_says_so(l
         assert lower.reference_peak <= result.reference_peak
 
 
+@given(layers=st.integers(2, 10), saved=st.sets(st.integers(1, 10)), fused=st.booleans())
+def test_a_prediction_is_the_same_whether_or_not_the_forward_peak_was_asked_first(layers, saved, fused) -> None:
+    graph = chain(layers, fused=fused)
+    saved = {i for i in saved if i <= layers}
+    recomputed = set(range(1, layers + 1)) - saved
+    alone = simulate_peak(dataclasses.replace(graph), saved, recomputed)
+    asked = dataclasses.replace(graph)
+    assert forward_peak(asked, saved) == alone.forward_bytes
+    assert simulate_peak(asked, saved, recomputed) == alone
+
+
+class _WideSum(nn.Module):
+    """A forward whose peak is its own: its widest value is summed away and never saved."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.lin(x))
+        return torch.sin(h[:, None, :].expand(64, 256, 16).contiguous()).sum(1)
+
+
+def test_a_forward_peak_asked_first_leaves_the_prediction_and_where_it_peaks_as_they_were() -> None:
+    joint = trace_joint(_WideSum(), torch.randn(64, 16))
+    graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    phases = set()
+    for budget in (None, 0):
+        plan = solve(joint.analysis.problem, budget)
+        alone = predict_plan(dataclasses.replace(graph), plan)
+        asked = dataclasses.replace(graph)
+        mapping = asked.problem_index
+        assert forward_peak(asked, (mapping[i] for i in plan.saved)) == alone.forward_bytes
+        assert predict_plan(asked, plan) == alone
+        phases.add(alone.phase)
+    assert phases == {"forward", "backward"}  # both branches: the forward is the step's peak without a budget
+
+
+@given(
+    layers=st.integers(2, 14),
+    budget=st.one_of(st.none(), st.integers(0, 140)),
+    below=st.integers(0, 200),
+)
+def test_segment_plans_bounded_by_a_peak_leave_out_only_plans_at_or_above_it(layers, budget, below) -> None:
+    problem, graph = chain_problem(layers)
+    solve_pinned = solver_for(problem)
+    every = segment_plans(problem, graph, solve_pinned, budget)
+    bounded = segment_plans(problem, graph, solve_pinned, budget, peak_below=below)
+    assert all(c in every for c in bounded)
+    assert [c for c in every if c.prediction.peak_bytes < below] == [
+        c for c in bounded if c.prediction.peak_bytes < below
+    ]
+
+
 def test_a_budget_of_zero_is_the_solvers_plan_without_a_search_within_it() -> None:
     problem, graph = chain_problem(8)
     solve_pinned = solver_for(problem)

@@ -354,14 +354,21 @@ class _Simulator:
         return _run(self, backward, buffers, available, start, self.gradient_keep, named)
 
     def _simulate(self, saved: frozenset[int], recomputed: frozenset[int]) -> PeakPrediction:
-        f_phase = self._forward(saved, True)
+        # The forward's peak may be known already (phase_peak, as a bound): it is simulated again
+        # only if it is the step's peak, for where it happens and what is alive there.
         b_phase = self._backward(saved, recomputed, True)
-        if b_phase.peak > f_phase.peak:
+        forward_bytes = self._peaks.get((False, saved, frozenset()))
+        if forward_bytes is not None and b_phase.peak > forward_bytes:
             phase_name, top = "backward", b_phase
         else:
-            phase_name, top = "forward", f_phase
+            f_phase = self._forward(saved, True)
+            forward_bytes = f_phase.peak
+            if b_phase.peak > f_phase.peak:
+                phase_name, top = "backward", b_phase
+            else:
+                phase_name, top = "forward", f_phase
         return PeakPrediction(
-            forward_bytes=f_phase.peak,
+            forward_bytes=forward_bytes,
             backward_bytes=b_phase.peak,
             phase=phase_name,
             node=top.node,

@@ -201,6 +201,7 @@ def segment_plans(
     max_time: int | None = None,
     pin_sets: Sequence[frozenset[int]] | None = None,
     stop_when_slower: bool = False,
+    peak_below: float | None = None,
 ) -> list[_Candidate]:
     """The solver's plans with the forward cut into segments (:mod:`ckpt.partitioner.segments`), fewest cuts first.
 
@@ -209,10 +210,17 @@ def segment_plans(
     more segments only pin more.  With ``max_time``, plans slower than it are
     left out before their peak is simulated; with ``stop_when_slower`` too, the
     first such plan ends the list (more segments pin more, and so usually
-    recompute more: a cheaper list, for a bound rather than a choice).  ``pin_sets``: the graph's
+    recompute more: a cheaper list, for a bound rather than a choice).  With
+    ``peak_below``, for callers that want only plans peaking below it, plans
+    whose forward alone peaks at or above it are left out before their
+    backward is simulated (a plan's peak is the larger of the two; without a
+    budget the forward holds every saved value at its end, so on a
+    transformer stack it rules out the segment plans at the cost of the
+    forward's simulation).  ``pin_sets``: the graph's
     :func:`~ckpt.partitioner.segments.segment_pin_sets`, if the caller has them.
     """
     plans: list[_Candidate] = []
+    mapping = graph.problem_index
     for pins in segment_pin_sets(problem, graph) if pin_sets is None else pin_sets:
         if budget_bytes is not None and sum(problem.save_bytes[i] for i in pins) > budget_bytes:
             continue
@@ -222,6 +230,8 @@ def segment_plans(
         if max_time is not None and plan.time > max_time:
             if stop_when_slower:
                 break
+            continue
+        if peak_below is not None and forward_peak(graph, (mapping[i] for i in plan.saved)) >= peak_below:
             continue
         plans.append(_Candidate(plan, predict_plan(graph, plan), pins))
     return plans
@@ -368,10 +378,11 @@ def _segment_tie_break(
     are the capped search's own, so a caching ``solve_fn`` shares them with
     the guard.
     """
+    below = result.prediction.peak_bytes * (1 - PEAK_RESOLUTION)
     fits = [
         c
-        for c in segment_plans(problem, graph, solve_fn, budget_bytes, max_time, pin_sets)
-        if c.prediction.peak_bytes < result.prediction.peak_bytes * (1 - PEAK_RESOLUTION)
+        for c in segment_plans(problem, graph, solve_fn, budget_bytes, max_time, pin_sets, peak_below=below)
+        if c.prediction.peak_bytes < below
     ]
     if not fits:
         return result
@@ -516,7 +527,14 @@ def budget_peak(
         rung_peak = predict_plan(graph, solve_fn(rung, frozenset())).peak_bytes
         if choice:
             for candidate in segment_plans(
-                problem, graph, bound_solve_fn or solve_fn, rung, time_limit(rung), pin_sets, stop_when_slower=True
+                problem,
+                graph,
+                bound_solve_fn or solve_fn,
+                rung,
+                time_limit(rung),
+                pin_sets,
+                stop_when_slower=True,
+                peak_below=rung_peak,
             ):
                 rung_peak = min(rung_peak, candidate.prediction.peak_bytes)
             if above(rung_peak, reference):
