@@ -40,7 +40,7 @@ from benchmarks.models import MODELS, SIZES, ModelSpec, model_spec
 from benchmarks.plot import matplotlib_available, plot_results
 from benchmarks.report import write_results
 from benchmarks.settings import SETTING_GROUPS, Setting, select_settings
-from ckpt.measure import keep_freed_memory
+from ckpt.measure import MALLOC_CHOICES, set_malloc
 from ckpt.tools.progress import Progress
 
 __all__ = ["main"]
@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--malloc",
-        choices=("keep", "default"),
+        choices=MALLOC_CHOICES,
         default="keep",
         help="CPU: keep: glibc's malloc keeps freed memory, so no step pays page faults for memory given back "
         "between steps (ckpt.measure.keep_freed_memory; default); default: glibc's own thresholds",
@@ -156,7 +156,7 @@ class _Plan:
     plot: str
     time_limit: float | None
     meta: dict[str, Any]
-    keep_freed_memory: bool  # CPU with --malloc keep: main() sets glibc's thresholds before measuring
+    malloc: str  # --malloc, which main() applies on the CPU before measuring
 
 
 def _configure(args: argparse.Namespace) -> _Plan:
@@ -177,8 +177,9 @@ def _configure(args: argparse.Namespace) -> _Plan:
     tag, device_name = _device_tag(device)
     stem = args.name or (tag + ("-quick" if args.quick else ""))
     meta = _meta(args, device, device_name, size, dtype, rounds)
-    keep = device.type == "cpu" and args.malloc == "keep"
-    return _Plan(specs, settings, device, size, dtype, rounds, args.out, stem, args.plot, args.time_limit, meta, keep)
+    return _Plan(
+        specs, settings, device, size, dtype, rounds, args.out, stem, args.plot, args.time_limit, meta, args.malloc
+    )
 
 
 def _measure(plan: _Plan, progress: Progress, results: list[ModelResult]) -> None:
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     plan = _configure(_parser().parse_args(argv))
     if plan.device.type == "cpu":
-        plan.meta["malloc"] = (keep_freed_memory() if plan.keep_freed_memory else None) or "default"
+        plan.meta["malloc"] = set_malloc(plan.malloc)
     progress = Progress(progress_units(len(plan.specs), len(plan.settings), plan.rounds))
     results: list[ModelResult] = []
     STOP.clear()

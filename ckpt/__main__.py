@@ -139,11 +139,10 @@ def _pareto(args: argparse.Namespace) -> int:
 
 
 def _allocator(mode: str) -> None:
-    """Timing commands: with ``keep``, glibc's malloc keeps freed memory (:func:`ckpt.measure.keep_freed_memory`)."""
-    if mode == "keep":
-        from ckpt.measure import keep_freed_memory
+    """Timing commands: ``--malloc`` applied (:func:`ckpt.measure.set_malloc`)."""
+    from ckpt.measure import set_malloc
 
-        keep_freed_memory()
+    set_malloc(mode)
 
 
 def _validate(args: argparse.Namespace) -> int:

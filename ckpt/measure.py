@@ -55,6 +55,7 @@ import torch
 from ckpt import _torch_compat as compat
 
 __all__ = [
+    "MALLOC_CHOICES",
     "MMAP_THRESHOLD",
     "TRIM_THRESHOLD",
     "PeakMemory",
@@ -66,6 +67,7 @@ __all__ = [
     "peak_memory",
     "release_freed_memory",
     "saved_activations",
+    "set_malloc",
 ]
 
 log = logging.getLogger(__name__)
@@ -194,7 +196,11 @@ def _glibc() -> ctypes.CDLL | None:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         log.info("not glibc (%s, %s): malloc's settings are left as they are", platform.system(), platform.libc_ver())
         return None
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    libc.mallopt.restype = ctypes.c_int
+    libc.malloc_trim.argtypes = (ctypes.c_size_t,)
+    return libc
 
 
 def glibc_malloc() -> bool:
@@ -212,19 +218,31 @@ def keep_freed_memory() -> str | None:
     libc = _glibc()
     if libc is None:
         return None
-    mallopt = libc.mallopt
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
     for parameter, name, value in (
         (_M_TRIM_THRESHOLD, "M_TRIM_THRESHOLD", TRIM_THRESHOLD),
         (_M_MMAP_THRESHOLD, "M_MMAP_THRESHOLD", MMAP_THRESHOLD),
     ):
-        if mallopt(parameter, value) != 1:
+        if libc.mallopt(parameter, value) != 1:
             raise RuntimeError(f"mallopt({name}, {value}) failed: glibc {platform.libc_ver()[1]} refused the value")
     return (
         f"glibc malloc keeps freed memory (M_TRIM_THRESHOLD {TRIM_THRESHOLD / 2**30:.0f} GiB, "
         f"M_MMAP_THRESHOLD {MMAP_THRESHOLD >> 20} MiB)"
     )
+
+
+MALLOC_CHOICES = ("keep", "default")  # the timing commands' --malloc: python -m ckpt pareto|validate, benchmarks.run
+
+
+def set_malloc(mode: str) -> str:
+    """Apply a ``--malloc`` choice (:data:`MALLOC_CHOICES`); what the process's malloc now does, for reports.
+
+    ``keep`` calls :func:`keep_freed_memory` and returns its description;
+    ``default`` changes nothing, and nor does ``keep`` where malloc is not
+    glibc's: both return ``"default"``.
+    """
+    if mode not in MALLOC_CHOICES:
+        raise ValueError(f"malloc mode {mode!r}: expected one of {', '.join(MALLOC_CHOICES)}")
+    return (keep_freed_memory() if mode == "keep" else None) or "default"
 
 
 def release_freed_memory() -> bool:
@@ -241,7 +259,6 @@ def release_freed_memory() -> bool:
     libc = _glibc()
     if libc is None:
         return False
-    libc.malloc_trim.argtypes = (ctypes.c_size_t,)
     libc.malloc_trim(0)
     return True
 

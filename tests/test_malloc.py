@@ -13,19 +13,20 @@ import pytest
 from benchmarks.harness import ModelResult, SettingResult
 from benchmarks.report import write_results
 from benchmarks.settings import SETTINGS
-from ckpt.measure import glibc_malloc, minor_faults
+from ckpt.measure import glibc_malloc, minor_faults, set_malloc
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Allocate 64 MiB in 4 MiB blocks, touch every page (touch_pages, whose source goes first), free
-# it all (and with "release", give the freed memory back); four times.  The page faults of the
-# last three rounds tell whether the memory was given back in between.
+# Apply --malloc as the timing commands do (set_malloc); then allocate 64 MiB in 4 MiB blocks,
+# touch every page (touch_pages, whose source goes first), free it all (and with "release", give
+# the freed memory back); four times.  The page faults of the last three rounds tell whether the
+# memory was given back in between.
 _ROUNDS = """
 import json, sys
 sys.path.insert(0, {root!r})
-from ckpt.measure import keep_freed_memory, minor_faults, release_freed_memory
-if sys.argv[1] != "default":
-    keep_freed_memory()
+from ckpt.measure import minor_faults, release_freed_memory, set_malloc
+described = set_malloc("default" if sys.argv[1] == "default" else "keep")
+assert (described == "default") == (sys.argv[1] == "default"), described
 def one_round():
     before = minor_faults()
     blocks = [bytearray(4 << 20) for _ in range(16)]
@@ -63,6 +64,12 @@ def test_kept_memory_is_not_faulted_in_again_by_the_next_round_until_released():
     # Kept, but released after each round (as the benchmark does between models): given back again.
     released = _faults("release")
     assert min(released[1:]) > PAGES // 2, released
+
+
+def test_an_unknown_malloc_mode_is_refused_with_the_accepted_ones():
+    with pytest.raises(ValueError, match=r"malloc mode 'jemalloc': expected one of keep, default"):
+        set_malloc("jemalloc")
+    assert set_malloc("default") == "default"  # changes nothing
 
 
 def test_minor_faults_counts_pages_touched_for_the_first_time():
