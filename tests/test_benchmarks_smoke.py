@@ -152,3 +152,30 @@ def test_peak_accuracy_writes_predicted_and_measured_peaks(tmp_path):
     rows = [line for line in text.splitlines() if line.startswith("| mlp |")]
     assert [row.split(" | ")[1] for row in rows] == ["0.5", "peak-0.5"]
     assert all(float(row.split(" | ")[4]) > 0 for row in rows)  # a measured peak in MiB
+
+
+def test_compile_cost_takes_any_benchmark_model_and_names_what_it_accepts(capsys):
+    from benchmarks.compile_cost import _build, _case, _markdown, main
+
+    assert _case("gpt2:4") == ("gpt2", 4)
+    assert _case("resnet") == ("resnet", None)
+    assert _build("gpt2", 3).config.layers == 3  # the cpu size, its depth replaced
+    assert _build("unet", None).config.widths == (16, 32, 64, 128)
+    for text, message in (
+        ("resnet:4", "model 'resnet' has no depth to set"),
+        ("gpt2:0", "must be a whole number of layers"),
+        ("bert", "accepted models are gpt2, llama"),
+    ):
+        with pytest.raises(SystemExit):
+            main(["--models", text])
+        assert message in capsys.readouterr().err
+    row = {"compile_s": 10.0, "partition_s": 0.5, "plan_s": 0.2, "kernels": 30}
+    table = _markdown(
+        {
+            ("gpt2", 4): {"inductor": [dict(row, layers=4)], "ckpt-none": [dict(row, layers=4, compile_s=11.0)]},
+            ("unet", None): {"inductor": [dict(row, layers=None)], "ckpt-0.5": [dict(row, layers=None)]},
+        },
+        1,
+    )
+    assert "| gpt2 | 4 | ckpt-none | 11.0 | 1.100 | 0.50 | 0.20 | 30 |" in table
+    assert "| unet | - | inductor | 10.0 | 1.000 | 0.50 | - | 30 |" in table
