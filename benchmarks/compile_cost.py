@@ -69,8 +69,9 @@ def _build(name: str, layers: int | None) -> Any:
     from benchmarks.models import model_spec
 
     spec = model_spec(name)
-    config = spec.sizes["cpu"]
-    return spec.factory(config if layers is None else dataclasses.replace(config, layers=layers))
+    if layers is None:
+        return spec.build("cpu")
+    return spec.factory(dataclasses.replace(spec.sizes["cpu"], layers=layers))
 
 
 def _label(name: str, layers: int | None) -> str:
