@@ -290,3 +290,80 @@ def test_a_pooling_net_traces_in_a_fresh_process():
         """
     )
     assert int(out.split()[-1]) >= 1
+
+
+class ResidualStack(nn.Module):
+    """Pre-norm blocks on a residual stream: ``x = x + fc2(gelu(fc1(norm(x))))``."""
+
+    def __init__(self, width: int = 32, blocks: int = 4) -> None:
+        super().__init__()
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(blocks))
+        self.fc1 = nn.ModuleList(nn.Linear(width, 4 * width) for _ in range(blocks))
+        self.fc2 = nn.ModuleList(nn.Linear(4 * width, width) for _ in range(blocks))
+
+    def forward(self, x):
+        for norm, fc1, fc2 in zip(self.norms, self.fc1, self.fc2):
+            x = x + fc2(F.gelu(fc1(norm(x))))
+        return x.square().mean()
+
+
+def _residual_sums(joint) -> list[fx.Node]:
+    """The stream between blocks: the sums that the next block's norm and the next sum read."""
+    forward = joint.analysis.forward_names
+    return [
+        n
+        for n in joint.graph.graph.nodes
+        if n.name in forward
+        and n.target is torch.ops.aten.add.Tensor
+        and any(u.target is torch.ops.aten.add.Tensor for u in n.users)
+        and any(u.target is torch.ops.aten.var_mean.correction for u in n.users)
+    ]
+
+
+def _blocks(joint) -> dict[str, int]:
+    """Each forward value's block: how many norms start at or before it, less one."""
+    blocks, norms = {}, -1
+    for n in joint.graph.graph.nodes:
+        if n.name not in joint.analysis.forward_names:
+            continue
+        norms += n.target is torch.ops.aten.var_mean.correction
+        blocks[n.name] = norms
+    return blocks
+
+
+def test_the_residual_stream_is_saved_and_every_block_is_planned_alike():
+    # The stream is read by a block's norm and again, after the block's matmuls, by the next sum:
+    # the forward holds it in memory anyway, so saving it costs the backward's read only, as for
+    # a matmul's output of the same size.  A plan that recomputed it instead would rebuild the
+    # whole chain of sums in every block's kernels, each block's different from the others'.
+    torch.manual_seed(0)
+    joint = trace_joint(ResidualStack(), torch.randn(4, 16, 32, requires_grad=True))
+    problem, analysis = joint.analysis.problem, joint.analysis
+    index = {name: i for i, name in enumerate(problem.names)}
+    sums = [index[n.name] for n in _residual_sums(joint)]
+    assert len(sums) == 3  # between the four blocks
+    matmul_out = [
+        i
+        for i, n in enumerate(analysis.nodes)
+        if n.target is torch.ops.aten.addmm.default and problem.save_bytes[i] == problem.save_bytes[sums[0]]
+    ]
+    assert matmul_out
+    for i in sums:
+        assert problem.save_time[i] == problem.save_time[matmul_out[0]]
+    # A value the norm reads inside its own kernel still costs its write as well.
+    inner = [
+        i
+        for i, n in enumerate(analysis.nodes)
+        if n.target is torch.ops.aten.sub.Tensor and n.name in analysis.forward_names and problem.can_save[i]
+    ]
+    assert inner and all(problem.save_time[i] > problem.save_time[sums[0]] for i in inner)
+
+    plan = solve(problem, None)
+    assert set(sums) <= set(plan.saved)
+    blocks = _blocks(joint)
+    recomputed = [
+        sorted(str(analysis.nodes[i].target) for i in plan.recomputed if blocks.get(problem.names[i]) == b)
+        for b in range(4)
+    ]
+    assert recomputed[1] == recomputed[2]  # the inner blocks recompute the same values
+

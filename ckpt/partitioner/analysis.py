@@ -15,7 +15,9 @@ storage alive anyway, so this also makes the byte count exact.
 **Costs** (seconds on the device profile, stored as integer picoseconds):
 
 * saving: the backward reads the tensor; the forward also writes it if it
-  would otherwise stay inside a fused kernel;
+  would otherwise stay inside a fused kernel (not if a library call reads it,
+  nor if it is read again after a library call computed from it, as the
+  residual stream is: see :func:`_read_across_calls`);
 * recomputing a fusible op: its per-element arithmetic only (transcendental
   functions at their own, higher rate), because Inductor fuses it
   into the backward kernel that consumes it and the chain's inputs are read
@@ -131,6 +133,7 @@ class _Context:
     copied_inputs: set[fx.Node]  # graph inputs Inductor copies to channels-last for its convolutions
     uncopied_inputs: set[fx.Node]  # those of them saved as themselves
     layout_optimised: bool  # Inductor runs the graph's convolutions channels-last
+    read_across_calls: set[fx.Node] = field(default_factory=set)  # see _read_across_calls
     measured: dict[str, float] = field(default_factory=dict)  # measured seconds of library calls, by node name
     scratch: dict[str, int] = field(default_factory=dict)  # their measured working memory in bytes, by node name
 
@@ -267,7 +270,42 @@ def _context(
         copied_inputs=copied_inputs,
         uncopied_inputs=uncopied_inputs,
         layout_optimised=layout_optimised,
+        read_across_calls=_read_across_calls(joint, graph, kinds, users),
     )
+
+
+def _read_across_calls(
+    joint: fx.GraphModule, graph: JointGraph, kinds: dict[fx.Node, OpKind], users: dict[fx.Node, list[fx.Node]]
+) -> set[fx.Node]:
+    """Fused forward values that are read again after a library call computed from them.
+
+    No one kernel can read such a value on both sides of the call, so the
+    forward holds it in memory whatever the plan saves: the residual stream
+    of a transformer, read by a block's first norm and again by the sum
+    after the block's last matmul, which Inductor writes in place of that
+    matmul's output.  A plan that does not save it leaves Inductor to
+    recompute its chain of sums inline in every kernel that reads it, each
+    kernel reading every term (the blocks' kernels then differ, and so does
+    their source, compiled once per block).  Saving it costs the backward's
+    read only, as for the inputs of a library call.
+    """
+    forward = [n for n in joint.graph.nodes if n.op != "output" and n not in graph.backward]
+    position = {n: i for i, n in enumerate(forward)}
+    first_call: dict[fx.Node, int] = {}  # the earliest library call computed from each value
+    for node in reversed(forward):
+        earliest = len(forward)
+        for user in node.users:
+            at = position.get(user)
+            if at is not None:
+                earliest = min(earliest, at if kinds[user] not in _FUSIBLE_KINDS else first_call[user])
+        first_call[node] = earliest
+    return {
+        node
+        for node in forward
+        if node.op == "call_function"
+        and kinds[node] in _FUSIBLE_KINDS
+        and any(position.get(user, -1) > first_call[node] for user in users.get(node, []))
+    }
 
 
 def _problem_values(graph: JointGraph, kinds: dict[fx.Node, OpKind]) -> tuple[set[fx.Node], list[fx.Node]]:
@@ -328,7 +366,8 @@ def _save_seconds(node: fx.Node, context: _Context) -> float:
     extern_forward_user = any(
         kinds[u] not in _FUSIBLE_KINDS for u in context.users.get(node, []) if u not in context.graph.backward
     )
-    if fusible and not extern_forward_user and node not in context.fwd_output_roots:
+    materialised = extern_forward_user or node in context.read_across_calls or node in context.fwd_output_roots
+    if fusible and not materialised:
         seconds += tensor_write_seconds(profile, nbytes, elements, itemsize)
     return seconds
 

@@ -8,7 +8,8 @@ order.  For each value ``i``:
 * ``save_bytes[i]``: activation bytes kept alive if it is saved (0 for graph
   inputs, which live anyway);
 * ``save_time[i]``: time that saving costs: a write in the forward (when the
-  value would otherwise stay inside a fused kernel) and a read in the backward;
+  value would otherwise stay inside a fused kernel, unread by the forward
+  across a library call) and a read in the backward;
 * ``recompute_time[i]``: extra time to compute it in the backward;
 * ``recompute_bytes[i]``: bytes that recomputing it keeps alive (the RNG state
   saved so a checkpointed random op replays its draw; usually 0);
