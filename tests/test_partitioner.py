@@ -367,3 +367,18 @@ def test_the_residual_stream_is_saved_and_every_block_is_planned_alike():
     ]
     assert recomputed[1] == recomputed[2]  # the inner blocks recompute the same values
 
+
+@pytest.mark.parametrize("name", ["residual_stack", "convnet"])
+def test_without_a_budget_norm_statistics_are_saved_not_recomputed(name):
+    # Recomputing a norm's mean and variance reads the whole activation once more, in a loop of
+    # its own; saving them costs a few bytes per row or channel.
+    torch.manual_seed(0)
+    if name == "residual_stack":
+        joint = trace_joint(ResidualStack(), torch.randn(4, 16, 32, requires_grad=True))
+    else:
+        joint = trace_joint(*MODELS[name]())
+    analysis = joint.analysis
+    statistics = [i for i, n in enumerate(analysis.nodes) if n.target is torch.ops.aten.var_mean.correction]
+    assert statistics
+    plan = solve(analysis.problem, None)
+    assert not set(statistics) & set(plan.recomputed)

@@ -21,7 +21,8 @@ storage alive anyway, so this also makes the byte count exact.
 * recomputing a fusible op: its per-element arithmetic only (transcendental
   functions at their own, higher rate), because Inductor fuses it
   into the backward kernel that consumes it and the chain's inputs are read
-  there (charged to those inputs); if a consumer is a library call (matmul,
+  there (charged to those inputs); a reduction also reads its input once
+  more, in a loop of its own; if a consumer is a library call (matmul,
   convolution), the value must be materialised: a write, a read and a launch;
 * recomputing a library call: its time measured on the device where it was
   (:mod:`ckpt.cost_model.measured`), else its full roofline time;
@@ -382,6 +383,11 @@ def _recompute_seconds(node: fx.Node, context: _Context) -> float:
     if not (kind in _FUSIBLE_KINDS and node.op == "call_function"):
         return context.library_seconds(node, estimate)
     seconds = elementwise_seconds(profile, estimate.elements, estimate.transcendental, estimate.random)
+    if compat.is_reduction_op(node.target):
+        # A reduction reads its whole input in a loop of its own, before the loop of the kernel that
+        # consumes its result reads that input again: a norm's statistics recomputed in the
+        # backward read the activation once more, where saving them costs a few bytes.
+        seconds += transfer_seconds(profile, estimate.bytes_read)
     if any(context.kinds[u] not in _FUSIBLE_KINDS for u in context.users.get(node, [])):
         seconds += 2 * transfer_seconds(profile, estimate.bytes_written) + profile.kernel_overhead
     return seconds
