@@ -669,6 +669,20 @@ def inductor_scatter_sum_is_library_call(self_dtype: torch.dtype, src_dtype: tor
         return False
 
 
+def inductor_assumes_unaligned_fallback_output() -> bool:
+    """Whether Inductor marks every output of aten's own kernels unaligned (``assume_unaligned_fallback_output``).
+
+    Off by default (``TORCHINDUCTOR_ASSUME_UNALIGNED_FALLBACK_OUTPUT``);
+    without the setting (older torch) only outputs computed from an
+    unaligned input are.
+    """
+    try:
+        from torch._inductor import config as inductor_config
+    except ImportError:
+        return False
+    return bool(getattr(inductor_config, "assume_unaligned_fallback_output", False))
+
+
 def rng_state_bytes(value: Any) -> int:
     """Bytes of the generator state torch saves to replay a random op on ``value``'s device."""
     tensors = [v for v in (value if isinstance(value, (tuple, list)) else [value]) if isinstance(v, torch.Tensor)]

@@ -318,7 +318,9 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         itself; the records predict with the same graph.
         """
         if self.config.peak.unlimited and (peak_graph.call_outputs or peak_graph.pooled_copies):
-            return dataclasses.replace(peak_graph, call_outputs=(), pooled_copies=())
+            return dataclasses.replace(
+                peak_graph, call_outputs=(), pooled_copies=(), fallback_calls=frozenset(), unaligned_calls=frozenset()
+            )
         return peak_graph
 
     def _activation_inputs(self, gm: fx.GraphModule) -> frozenset[int]:

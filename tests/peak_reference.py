@@ -297,6 +297,10 @@ def _join_sibling_pointwise(
         return _inputs_read(graph, v, lambda p: p in members and p not in realised, own_reads)
 
     own = {v: own_reads(v) if v in realised else reads[v] for v in candidates}
+    for v in candidates:  # a value runs in the kernel of a realised value of its size that it reads
+        own[v] = own[v].union(
+            *(own_reads(p) for p in own[v] if p != v and p in realised and graph.bytes[p] == graph.bytes[v])
+        )
     sources = {v: _sources(graph, own[v]) for v in candidates}
     target: dict[int, int] = {}
     for v in candidates:
@@ -481,9 +485,22 @@ def _run(
                         events.append((position, "free", b))
         return peak, at, alive
 
+    # The outputs of aten's own kernels that read a graph input or such an output: unaligned, never pooled.
+    unaligned: set[int] = set()
+    for i in order:
+        if i in graph.fallback_calls and (
+            i in graph.unaligned_calls or any(p in start_set or p in unaligned for p in graph.inputs[i])
+        ):
+            unaligned.update(calls[i])
+
     def pool(events: list[tuple[int, str, int]]) -> dict[int, int]:
         """Which freed buffer each allocation takes over: the latest freed of its size."""
-        gave = {b for _, kind, b in events if kind == "in place"}
+        # an output written in place of a buffer the phase starts with (a graph input) keeps its storage
+        inputs_storage = set(unaligned)
+        for position, kind, b in events:
+            if kind == "in place" and (b in start_set or b in inputs_storage):
+                inputs_storage.add(order[position])
+        gave = {b for _, kind, b in events if kind == "in place"} | inputs_storage
         freed: dict[int, list[int]] = {}
         holds: dict[int, int] = {}
         for position, kind, b in events:

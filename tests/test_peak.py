@@ -372,6 +372,115 @@ def test_a_joined_kernel_writes_all_its_outputs_before_their_readers_run() -> No
     assert reference.simulate_peak(graph, (), ()) == prediction
 
 
+def test_a_pointwise_value_runs_in_the_kernel_of_a_realised_value_it_reads() -> None:
+    # r = f(h, g) is realised (a heavy op two values read); d = f(r) runs in r's kernel, so d's kernel
+    # reads h too, and a = f(h), which the library call W reads, joins it: a and d are written together
+    # and W waits for them (a norm's recomputed output and the dropout gradient in one backward kernel).
+    names = ["h", "g", "a", "W", "r", "d", "X", "Y", "out"]
+    kinds = [B, B, F, B, F, F, B, B, B]
+    inputs: list[tuple[int, ...]] = [(), (), (0,), (2,), (0, 1), (4,), (5,), (4,), (3, 6, 7)]
+    graph = dataclasses.replace(
+        forward_only(names, kinds, inputs, [10, 10, 10, 1, 10, 10, 1, 1, 1]), heavy_ops=frozenset({4})
+    )
+    prediction = simulate_peak(graph, (), ())
+    assert prediction.node == "W" and prediction.forward_bytes == 31
+    assert {name for name, _ in prediction.alive} == {"a", "r", "d", "W"}
+    assert prediction == reference.simulate_peak(graph, (), ())
+    # a value of another size is not computed in r's kernel: a joins r alone, W runs and a dies before d
+    other = dataclasses.replace(graph, bytes=(10, 10, 10, 1, 10, 20, 1, 1, 1))
+    apart = simulate_peak(other, (), ())
+    assert apart.node == "X" and {name for name, _ in apart.alive} == {"d", "r", "W", "X"}
+    assert apart == reference.simulate_peak(other, (), ())
+
+
+def test_the_unaligned_outputs_of_a_call_reading_a_graph_input_are_not_held_for_a_later_buffer() -> None:
+    # call (aten's own kernel) returns a, which dies at b; c, a kernel output of a's size, comes after
+    # the library call y. Inductor holds a for c, unless it marked a unaligned: on the CPU, because the
+    # call reads a graph input (the parameter x), and its pool never hands such a buffer on.
+    names = ["x", "call", "a", "b", "y", "c", "out"]
+    inputs: list[tuple[int, ...]] = [(), (0,), (1,), (2,), (3,), (4,), (5,)]
+    graph = forward_only(names, [X, B, B, B, B, F, B], inputs, [0, 0, 10, 20, 1000, 10, 1])
+    graph = dataclasses.replace(graph, call_outputs=((2, 1),), fallback_calls=frozenset({1}))
+    held = simulate_peak(graph, (), ())
+    assert held.node == "y" and held.forward_bytes == 1030 and dict(held.alive)["a"] == 10
+    unaligned = dataclasses.replace(graph, unaligned_calls=frozenset({1}))
+    freed = simulate_peak(unaligned, (), ())
+    assert freed.node == "y" and freed.forward_bytes == 1020 and "a" not in dict(freed.alive)
+    assert freed == reference.simulate_peak(unaligned, (), ())
+    with pytest.raises(ValueError, match="fallback_calls"):
+        dataclasses.replace(graph, fallback_calls=frozenset({3}))
+    with pytest.raises(ValueError, match="unaligned_calls"):
+        dataclasses.replace(graph, fallback_calls=frozenset(), unaligned_calls=frozenset({1}))
+
+
+def test_a_backward_calls_outputs_are_unaligned_when_it_reads_a_saved_value_not_a_recomputed_one() -> None:
+    # h = L(x) is saved or recomputed; the backward's call (aten's own kernel) reads h, and b its output
+    # and the tangent. A saved h is a graph input of the backward, so the call's output a is unaligned
+    # and freed at b; a recomputed h is a buffer the backward allocates, and a is held for c, through y.
+    names = ["x", "h", "loss", "t", "call", "a", "b", "y", "c", "grad"]
+    inputs: list[tuple[int, ...]] = [(), (0,), (1,), (), (1,), (4,), (3, 5), (6,), (7,), (8,)]
+    graph = PeakGraph(
+        names=tuple(names),
+        bytes=(0, 10, 1, 1, 0, 10, 20, 1000, 10, 1),
+        kinds=(X, B, B, B, B, B, B, B, F, B),
+        inputs=tuple(inputs),
+        backward=(False, False, False, True, True, True, True, True, True, True),
+        required=(True, True, True, False, False, False, False, False, False, False),
+        outputs=frozenset({2}),
+        gradients=frozenset({9}),
+        tangents=frozenset({3}),
+        call_outputs=((5, 4),),
+        fallback_calls=frozenset({4}),
+    )
+    saved = simulate_peak(graph, saved=(1,), recomputed=())
+    recomputed = simulate_peak(graph, saved=(), recomputed=(1,))
+    assert saved.node == recomputed.node == "y"
+    assert "a" not in dict(saved.alive) and dict(recomputed.alive)["a"] == 10
+    assert saved == reference.simulate_peak(graph, (1,), ())
+    assert recomputed == reference.simulate_peak(graph, (), (1,))
+
+
+def test_a_kernel_written_in_place_of_a_saved_value_is_not_held_for_a_later_buffer() -> None:
+    # o = f(s, u) is the last reader of s and writes in place of it; b reads o, and c, a kernel output of
+    # o's size, comes after the library call y. A saved s is a graph input of the backward: Inductor
+    # frees its storage after o's last reader. A recomputed s is a buffer like any: o is held for c.
+    names = ["x", "s", "loss", "t", "u", "o", "b", "y", "c", "grad"]
+    graph = PeakGraph(
+        names=tuple(names),
+        bytes=(0, 10, 1, 1, 1, 10, 20, 1000, 10, 1),
+        kinds=(X, B, B, B, B, F, B, B, F, B),
+        inputs=((), (0,), (1,), (), (3,), (1, 4), (5,), (6,), (7,), (8,)),
+        backward=(False,) * 3 + (True,) * 7,
+        required=(True,) * 3 + (False,) * 7,
+        outputs=frozenset({2}),
+        gradients=frozenset({9}),
+        tangents=frozenset({3}),
+    )
+    saved = simulate_peak(graph, saved=(1,), recomputed=())
+    recomputed = simulate_peak(graph, saved=(), recomputed=(1,))
+    assert saved.node == recomputed.node == "y"
+    assert saved.backward_bytes == 1020 and recomputed.backward_bytes == 1030
+    assert "o" not in dict(saved.alive) and dict(recomputed.alive)["o"] == 10
+    assert saved == reference.simulate_peak(graph, (1,), ())
+    assert recomputed == reference.simulate_peak(graph, (), (1,))
+
+
+def test_attention_on_the_cpu_is_aten_s_own_kernel_and_unaligned_only_where_it_reads_an_input() -> None:
+    joint = trace_joint(CausalSelfAttention(32, heads=4), torch.randn(2, 16, 32))
+    graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    assert graph.fallback_calls == {call for _, call in graph.call_outputs}
+    assert not graph.unaligned_calls  # q, k and v are the projection's output, not graph inputs
+
+    class ReadsItsInput(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return nn.functional.scaled_dot_product_attention(x, x, x).sum()
+
+    joint = trace_joint(ReadsItsInput(), torch.randn(2, 4, 16, 8, requires_grad=True))
+    graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    forward_calls = {call for call in graph.fallback_calls if not graph.backward[call]}
+    assert forward_calls and graph.unaligned_calls >= forward_calls
+
+
 def test_a_pointwise_value_does_not_join_a_sibling_that_depends_on_it() -> None:
     # a = x + m and d = L1 * m share their largest buffer m, and library calls read both, but d
     # depends on a through L1: one kernel for both would wait for itself, so Inductor keeps them
@@ -990,6 +1099,12 @@ def graphs_and_plans(draw: st.DrawFn, kernels: bool = False) -> tuple[PeakGraph,
         for i in range(n)
         if scratch and kinds[i] is Materialise.BUFFER and scratch[i] >= 8 and draw(st.booleans())
     )
+    call_outputs = tuple(
+        (i, inputs[i][-1])
+        for i in range(n)
+        if inputs[i] and kinds[i] is kinds[inputs[i][-1]] is Materialise.BUFFER and draw(st.booleans())
+    )
+    fallback_calls = frozenset(call for _, call in call_outputs if draw(st.booleans()))
     graph = PeakGraph(
         names=tuple(f"v{i}" for i in range(n)),
         # a few common sizes, so that freed buffers are taken over by later ones of their size
@@ -1006,11 +1121,9 @@ def graphs_and_plans(draw: st.DrawFn, kernels: bool = False) -> tuple[PeakGraph,
         out_buffers=frozenset(draw(values)),
         concats=frozenset(draw(values)),
         heavy_ops=frozenset(draw(values)),
-        call_outputs=tuple(
-            (i, inputs[i][-1])
-            for i in range(n)
-            if inputs[i] and kinds[i] is kinds[inputs[i][-1]] is Materialise.BUFFER and draw(st.booleans())
-        ),
+        call_outputs=call_outputs,
+        fallback_calls=fallback_calls,
+        unaligned_calls=frozenset(c for c in fallback_calls if draw(st.booleans())),
     )
     return graph, sorted(draw(values)), sorted(draw(values))
 

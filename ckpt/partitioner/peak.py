@@ -45,7 +45,9 @@ reductions that read a common buffer (their largest reads) share one kernel,
 placed where the last of them is: in a recomputed stack, the norms' weight
 gradients of the layers that read one realised residual.  Pointwise values
 that library calls read and that read a common buffer also share one kernel,
-at the last of them, and what reads the earlier ones waits for it: in a
+at the last of them, and what reads the earlier ones waits for it (a value
+that reads a realised value of its size runs in that value's kernel, and
+shares what it reads): in a
 recomputed MLP's backward the activation the down projection's weight
 gradient reads is written with the gradients of the gate and up
 projections, so their inputs and all three outputs are alive at once.
@@ -62,7 +64,13 @@ keeps it until then (``allow_buffer_reuse``), so in a recomputed stack the
 MLP's buffers of one layer stay alive through the next layer's attention,
 until its MLP reuses them.  A convolution's copy of its weight in the layout
 it runs in is such a buffer too (``PeakGraph.pooled_copies``): allocated where
-the call runs, and held after it until a later buffer of its size takes it.  A concatenation (on the CPU Inductor's
+the call runs, and held after it until a later buffer of its size takes it.
+Two kinds of buffer never go to the pool: an output of aten's own kernel
+that Inductor marks unaligned, on the CPU because the call reads a graph
+input (``PeakGraph.fallback_calls``: in a backward, attention's gradients
+when it reads a saved value), and a kernel's output written in place of a
+value the backward starts with (a saved value or a tangent, a graph
+input): both are freed after their last reader.  A concatenation (on the CPU Inductor's
 ``ConcatKernel``) has a buffer of its own, and its pointwise inputs are
 computed into it (``PeakGraph.concat_inputs``): the buffer is alive from
 the first of them on, and no kernel writes in place of it.  An input whose
@@ -154,6 +162,13 @@ class PeakGraph:
     # allocates, and is held until a later buffer of its size takes its storage (``_reuse_freed``).
     # Empty: each copy counts as the call's scratch only, alive while it runs.
     pooled_copies: tuple[tuple[int, int], ...] = ()
+    # Library calls with ``call_outputs`` that Inductor runs as aten's own kernel on a device where it does
+    # not assume a graph input aligned (the CPU): the outputs of one that reads a graph input, or an
+    # output of such a call, are marked unaligned, and Inductor's pool never hands their storage to a
+    # buffer it allocates (``_unaligned_outputs``).  ``unaligned_calls``: those among them that read a
+    # parameter or the user's input, whatever the plan.
+    fallback_calls: frozenset[int] = frozenset()
+    unaligned_calls: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -184,6 +199,17 @@ class PeakGraph:
                     f"PeakGraph.pooled_copies gives {self.names[call]} {copied} bytes of copies, more than its "
                     f"scratch ({self.scratch[call] if self.scratch else 0} bytes), which must include them"
                 )
+        calls = {call for _, call in self.call_outputs}
+        if not self.fallback_calls <= calls:
+            raise ValueError(
+                f"PeakGraph.fallback_calls has {sorted(self.fallback_calls - calls)}, which return no "
+                f"call_outputs; expected a subset of {sorted(calls)}"
+            )
+        if not self.unaligned_calls <= self.fallback_calls:
+            raise ValueError(
+                f"PeakGraph.unaligned_calls has {sorted(self.unaligned_calls - self.fallback_calls)}, "
+                f"which are not fallback_calls; expected a subset of {sorted(self.fallback_calls)}"
+            )
         if len({output for output, _ in self.call_outputs}) != len(self.call_outputs):
             raise ValueError(f"PeakGraph.call_outputs names an output twice: {self.call_outputs}")
         for output, call in self.call_outputs:
@@ -299,6 +325,9 @@ class _Simulator:
         self.call_outputs: dict[int, list[int]] = {}  # library call -> the outputs it allocates while it runs
         for output, call in graph.call_outputs:
             self.call_outputs.setdefault(call, []).append(output)
+        self.fallback_calls = graph.fallback_calls
+        self.unaligned_calls = graph.unaligned_calls
+        self.inputs = graph.inputs
         self._memo: dict[tuple[frozenset[int], frozenset[int]], PeakPrediction] = {}
         self._peaks: dict[tuple[bool, frozenset[int], frozenset[int]], int] = {}  # phases simulated alone
 
@@ -515,7 +544,7 @@ def _reuse_in_place(
     nbytes: Sequence[int],
     keep: bytearray,
     fixed: frozenset[int] = frozenset(),
-) -> tuple[set[int], set[int]]:
+) -> dict[int, int]:
     """Let each kernel of Inductor's write its output into an input of the same size that dies there.
 
     Inductor's own kernels (pointwise values, reductions, random draws; not
@@ -527,7 +556,7 @@ def _reuse_in_place(
     end, a value takes only an input that no other value of the kernel reads.
     A concatenation's buffer (``fixed``) is never taken: Inductor does not
     write in place of a ``ConcatKernel``'s output.
-    Returns the positions whose output took an input's bytes, and the spans
+    Returns, for each position whose output took an input's bytes, the span
     (by index) that gave them.
     """
     order, joined = phase.order, phase.sole_inputs
@@ -540,7 +569,7 @@ def _reuse_in_place(
             else:
                 outputs[first] = b
     if not outputs and not members:
-        return set(), set()
+        return {}
     donors: dict[int, int] = {}  # position -> the span of the input its output takes over
     for at, (first, last, b) in enumerate(spans):
         if keep[b] or b in fixed:
@@ -558,7 +587,7 @@ def _reuse_in_place(
     for k, at in donors.items():
         first, _, donor = spans[at]
         spans[at] = (first, k - 1, donor)
-    return set(donors), set(donors.values())
+    return donors
 
 
 def _reuse_freed(
@@ -570,6 +599,7 @@ def _reuse_freed(
     start: set[int],
     in_place: tuple[set[int], set[int]],
     values: int,
+    unpooled: Iterable[int] = (),
 ) -> None:
     """Hold each freed buffer that a later allocation of its size takes over, until that allocation.
 
@@ -582,9 +612,11 @@ def _reuse_freed(
     calls it passes an ``out=`` buffer, ``takes``).  A held buffer's span
     runs on to the position before its taker's.  Buffers numbered from
     ``values`` on are a library call's input copies (``PeakGraph.pooled_copies``),
-    allocated at the call's position before its output.
+    allocated at the call's position before its output.  ``unpooled`` buffers
+    never go to the pool (unaligned outputs, :func:`_unaligned_outputs`).
     """
     taken_in_place, gave_in_place = in_place
+    unpooled = set(unpooled)
     alloc_at: dict[int, list[int]] = {}  # position -> spans of the buffers allocated there, in order
     freed_at: dict[int, list[int]] = {}  # position -> spans whose buffer is freed after it
     end = len(order) - 1
@@ -593,7 +625,7 @@ def _reuse_freed(
         if b in start or not nbytes[b] or (not copy and order[first] != b):
             continue
         alloc_at.setdefault(first, []).append(s)
-        if (copy or not keep[b]) and s not in gave_in_place and last < end:
+        if (copy or not keep[b]) and s not in gave_in_place and last < end and b not in unpooled:
             freed_at.setdefault(last, []).append(s)
     if not freed_at:
         return
@@ -618,6 +650,50 @@ def _reuse_freed(
                 freed.sort(key=lambda d: spans[d][2])
             for d in freed:
                 pool.setdefault(nbytes[spans[d][2]], []).append(d)
+
+
+def _unaligned_outputs(sim: _Simulator, phase: PhaseOrder, start: Iterable[int]) -> set[int]:
+    """The outputs of the phase's fallback calls that Inductor marks unaligned, and so never reuses.
+
+    On the CPU Inductor does not assume a graph input aligned, and marks the
+    outputs of aten's own kernel unaligned when it reads one (or reads an
+    unaligned output): a graph input is a parameter or the user's input
+    (``PeakGraph.unaligned_calls``), or in the backward a value it starts
+    with (a saved value, a tangent).  Its pool keys buffers by alignment, so
+    such an output is freed after its last reader, never held for a later
+    buffer of its size: attention's gradients of a saved output in a
+    backward, while a recomputed attention's are reused.
+    """
+    start_set = set(start)
+    unaligned: set[int] = set()
+    inputs, calls = sim.inputs, sim.call_outputs
+    position = phase.position
+    for call in sorted((c for c in sim.fallback_calls if position[c] >= 0), key=position.__getitem__):
+        if call in sim.unaligned_calls or any(p in start_set or p in unaligned for p in inputs[call]):
+            unaligned.update(calls[call])
+    return unaligned
+
+
+def _inputs_storage(
+    unpooled: set[int],
+    donors: dict[int, int],
+    spans: list[tuple[int, int, int]],
+    order: Sequence[int],
+    start: Iterable[int],
+) -> None:
+    """Add to ``unpooled`` the outputs written in place of a buffer the phase starts with, or of one so written.
+
+    In the backward the values it starts with are graph inputs (the saved
+    values AOTAutograd donates, the tangents).  Inductor writes a kernel's
+    output in their storage as in any buffer's, but after its last reader
+    frees that storage rather than hand it to a later buffer of its size:
+    a dropout's mask turned into its gradient.
+    """
+    start_set = set(start)
+    for k in sorted(donors):
+        donor = spans[donors[k]][2]
+        if donor in start_set or donor in unpooled:
+            unpooled.add(order[k])
 
 
 def _allocate_with_calls(
@@ -668,12 +744,16 @@ def _run(
     spans = _lifetimes(phase, buffers, start, keep, _last_uses(index, phase, buffers, available, copied))
     if sim.concats:
         _write_into_concats(spans, order, sim.concats, copies)
-    in_place = _reuse_in_place(spans, phase, index.kinds, nbytes, keep, sim.fixed)
+    donors = _reuse_in_place(spans, phase, index.kinds, nbytes, keep, sim.fixed)
+    in_place = (set(donors), set(donors.values()))
     for call, pooled in sim.input_copies.items():
         k = phase.position[call]
         if k >= 0:
             spans.extend((k, k, copy) for copy in pooled)
-    _reuse_freed(spans, order, nbytes, sim.takes, keep, set(start), in_place, sim.values)
+    unpooled = _unaligned_outputs(sim, phase, start) if sim.fallback_calls else set()
+    if donors:
+        _inputs_storage(unpooled, donors, spans, order, start)
+    _reuse_freed(spans, order, nbytes, sim.takes, keep, set(start), in_place, sim.values, unpooled)
     if sim.call_outputs:
         _allocate_with_calls(spans, phase, sim.call_outputs, set(start))
     change = [0] * (len(order) + 1)

@@ -308,6 +308,8 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         if isinstance(first, fx.Node) and first.name in index and len(first.users) == 1:
             if kinds[index[first.name]] is Materialise.FUSIBLE:
                 nbytes[index[first.name]] = 0  # computed into the call's own buffer
+    call_outputs = _call_outputs(nodes, index, kinds)
+    fallback_calls = _fallback_calls(nodes, call_outputs)
     scratch, pooled_copies = _scratch(nodes, analysis, sizes)
     copies = _view_copies(analysis.layout_optimised, nodes, kinds, roots, sizes)
     if copies:
@@ -330,9 +332,39 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         convolutions=convolutions,
         dense_4d=dense_4d,
         heavy_ops=frozenset(i for i, n in enumerate(nodes) if kinds[i] is Materialise.FUSIBLE and _cpu_heavy(n)),
-        call_outputs=_call_outputs(nodes, index, kinds),
+        call_outputs=call_outputs,
         pooled_copies=pooled_copies,
+        fallback_calls=fallback_calls,
+        unaligned_calls=frozenset(
+            c
+            for c in fallback_calls
+            if any(kinds[p] is Materialise.FREE and _is_tensor_input(nodes[p]) for p in inputs[c])
+        ),
     )
+
+
+def _is_tensor_input(node: fx.Node) -> bool:
+    """Whether ``node`` is a graph input holding a tensor (a parameter, the user's input)."""
+    return node.op == "placeholder" and isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def _fallback_calls(nodes: list[fx.Node], call_outputs: tuple[tuple[int, int], ...]) -> frozenset[int]:
+    """The library calls returning ``call_outputs`` whose outputs Inductor may mark unaligned.
+
+    Inductor runs such a call as aten's own kernel and marks its outputs
+    unaligned when it reads a graph input that it does not assume aligned:
+    on the CPU every graph input (on a GPU, one aligned when compiled is
+    assumed aligned), on any device under
+    ``TORCHINDUCTOR_ASSUME_UNALIGNED_FALLBACK_OUTPUT=1`` every output.
+    """
+    every = compat.inductor_assumes_unaligned_fallback_output()
+    found = set()
+    for _, call in call_outputs:
+        value = nodes[call].meta.get("val")
+        tensors = [v for v in value if isinstance(v, torch.Tensor)] if isinstance(value, (tuple, list)) else []
+        if every or any(t.device.type == "cpu" for t in tensors):
+            found.add(call)
+    return frozenset(found)
 
 
 _VIEWS = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default})

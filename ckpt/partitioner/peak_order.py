@@ -389,13 +389,7 @@ class GraphIndex:
         ]
         if len(candidates) < 2:
             return order, {}
-        # a realised value is its readers' only read; its own kernel reads what it is computed from
-        sources = {
-            k: self._sources(
-                self._kernel_reads(order[k], {}, position, realised) if realised[order[k]] else reads[order[k]]
-            )
-            for k in candidates
-        }
+        sources = {k: self._sources(self._sibling_reads(order[k], position, realised, reads)) for k in candidates}
         last: dict[int, int] = {}  # source -> position of the last candidate that reads it
         for k in candidates:
             for b in sources[k]:
@@ -451,6 +445,25 @@ class GraphIndex:
             if after is not None:
                 result.extend(self._members_first([order[j] for j in sorted(after)], targets))
         return result, groups
+
+    def _sibling_reads(self, v: int, position: list[int], realised: bytearray, reads: dict[int, set[int]]) -> set[int]:
+        """What ``v``'s kernel reads, for finding its siblings: its reads, and those of the realised values it reads.
+
+        A realised value is its readers' only read, and its own kernel reads
+        what it is computed from.  Inductor fuses a pointwise value into the
+        kernel of a realised pointwise value it reads (of the same size), so
+        that kernel's reads are its reads too: in a norm's backward the
+        dropout gradient that the projection's gradients read runs in the
+        kernel that accumulates the residual's gradient, with the recomputed
+        norm output the weight gradient reads, and both are written together.
+        """
+        own = self._kernel_reads(v, {}, position, realised) if realised[v] else reads[v]
+        found = set(own)
+        nbytes = self.nbytes
+        for p in own:
+            if p != v and realised[p] and nbytes[p] == nbytes[v]:
+                found |= self._kernel_reads(p, {}, position, realised)
+        return found
 
     def _members_first(self, values: list[int], members: dict[int, int]) -> list[int]:
         """``values`` (in order) with ``members`` first, each value after those of ``values`` it reads."""
