@@ -551,7 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     argv_used = list(sys.argv[1:] if argv is None else argv)
-    command = "python -m benchmarks.plan_at_scale " + " ".join(shlex.quote(a) for a in argv_used)
+    command = " ".join(["python -m benchmarks.plan_at_scale", *(shlex.quote(a) for a in argv_used)])
     profile = GPU_PROFILES[args.profile]
 
     def log(message: str) -> None:
