@@ -599,7 +599,7 @@ def _reuse_freed(
     start: set[int],
     in_place: tuple[set[int], set[int]],
     values: int,
-    unpooled: Iterable[int] = (),
+    unpooled: set[int],
 ) -> None:
     """Hold each freed buffer that a later allocation of its size takes over, until that allocation.
 
@@ -616,7 +616,6 @@ def _reuse_freed(
     never go to the pool (unaligned outputs, :func:`_unaligned_outputs`).
     """
     taken_in_place, gave_in_place = in_place
-    unpooled = set(unpooled)
     alloc_at: dict[int, list[int]] = {}  # position -> spans of the buffers allocated there, in order
     freed_at: dict[int, list[int]] = {}  # position -> spans whose buffer is freed after it
     end = len(order) - 1
@@ -652,7 +651,7 @@ def _reuse_freed(
                 pool.setdefault(nbytes[spans[d][2]], []).append(d)
 
 
-def _unaligned_outputs(sim: _Simulator, phase: PhaseOrder, start: Iterable[int]) -> set[int]:
+def _unaligned_outputs(sim: _Simulator, phase: PhaseOrder, start: set[int]) -> set[int]:
     """The outputs of the phase's fallback calls that Inductor marks unaligned, and so never reuses.
 
     On the CPU Inductor does not assume a graph input aligned, and marks the
@@ -664,12 +663,11 @@ def _unaligned_outputs(sim: _Simulator, phase: PhaseOrder, start: Iterable[int])
     buffer of its size: attention's gradients of a saved output in a
     backward, while a recomputed attention's are reused.
     """
-    start_set = set(start)
     unaligned: set[int] = set()
     inputs, calls = sim.inputs, sim.call_outputs
     position = phase.position
     for call in sorted((c for c in sim.fallback_calls if position[c] >= 0), key=position.__getitem__):
-        if call in sim.unaligned_calls or any(p in start_set or p in unaligned for p in inputs[call]):
+        if call in sim.unaligned_calls or any(p in start or p in unaligned for p in inputs[call]):
             unaligned.update(calls[call])
     return unaligned
 
@@ -679,7 +677,7 @@ def _inputs_storage(
     donors: dict[int, int],
     spans: list[tuple[int, int, int]],
     order: Sequence[int],
-    start: Iterable[int],
+    start: set[int],
 ) -> None:
     """Add to ``unpooled`` the outputs written in place of a buffer the phase starts with, or of one so written.
 
@@ -689,10 +687,9 @@ def _inputs_storage(
     frees that storage rather than hand it to a later buffer of its size:
     a dropout's mask turned into its gradient.
     """
-    start_set = set(start)
     for k in sorted(donors):
         donor = spans[donors[k]][2]
-        if donor in start_set or donor in unpooled:
+        if donor in start or donor in unpooled:
             unpooled.add(order[k])
 
 
@@ -750,12 +747,13 @@ def _run(
         k = phase.position[call]
         if k >= 0:
             spans.extend((k, k, copy) for copy in pooled)
-    unpooled = _unaligned_outputs(sim, phase, start) if sim.fallback_calls else set()
+    start_set = set(start)
+    unpooled = _unaligned_outputs(sim, phase, start_set) if sim.fallback_calls else set()
     if donors:
-        _inputs_storage(unpooled, donors, spans, order, start)
-    _reuse_freed(spans, order, nbytes, sim.takes, keep, set(start), in_place, sim.values, unpooled)
+        _inputs_storage(unpooled, donors, spans, order, start_set)
+    _reuse_freed(spans, order, nbytes, sim.takes, keep, start_set, in_place, sim.values, unpooled)
     if sim.call_outputs:
-        _allocate_with_calls(spans, phase, sim.call_outputs, set(start))
+        _allocate_with_calls(spans, phase, sim.call_outputs, start_set)
     change = [0] * (len(order) + 1)
     for first, last, b in spans:
         change[first] += nbytes[b]
