@@ -17,17 +17,26 @@ rather than blocks.
 Each run gets a private ``CKPT_CACHE_DIR``: the ranks calibrate the CPU
 profile once, under the cache's file lock, and share the result, as ranks on
 one machine do in a real job.
+
+Each rank writes its output to a log file, with :mod:`faulthandler` on: a
+rank killed by a signal (a crash in native code, which leaves no Python
+traceback) is reported with its last step and the end of its log, where
+faulthandler has written every thread's Python stack.  Such a crash ends the
+launch and is tried once more, with a warning that carries the report: the
+ranks' Python code raising, a hang, or a second crash fails the test.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import os
 import pickle
 import socket
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,9 +45,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["RankFailed", "RanksTimedOut", "free_port", "progress", "run_ranks"]
+__all__ = ["RankCrashed", "RankCrashWarning", "RankFailed", "RanksTimedOut", "free_port", "progress", "run_ranks"]
 
 _GRACE_SECONDS = 3.0
+_LOG_TAIL_LINES = 60
 _progress_file: Path | None = None
 
 
@@ -47,7 +57,15 @@ class RanksTimedOut(AssertionError):
 
 
 class RankFailed(AssertionError):
-    """A rank raised; the message holds its traceback."""
+    """A rank raised, or died; the message holds every rank's traceback and last step."""
+
+
+class RankCrashed(RankFailed):
+    """A rank was killed by a signal: a crash in native code, with the end of its log."""
+
+
+class RankCrashWarning(UserWarning):
+    """A launch crashed in native code once and was tried again."""
 
 
 def free_port() -> int:
@@ -77,6 +95,10 @@ def _entry(
 ) -> None:
     global _progress_file
     _progress_file = Path(directory) / f"rank{rank}.progress"
+    log = open(Path(directory) / f"rank{rank}.log", "ab", buffering=0)  # noqa: SIM115 - open until the process ends
+    for stream in (1, 2):
+        os.dup2(log.fileno(), stream)
+    faulthandler.enable(file=log, all_threads=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CKPT_CACHE_DIR=str(Path(directory) / "cache"))
     torch.set_num_threads(1)  # two ranks share two cores
     import torch._inductor.config as inductor_config
@@ -114,8 +136,29 @@ def _stop(processes: list[Any]) -> None:
         process.join()
 
 
+def _log_tail(path: Path) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(lines[-_LOG_TAIL_LINES:]) or "(empty log)"
+
+
 def run_ranks(fn: Callable[..., Any], *args: Any, timeout: float, world_size: int = 2) -> list[Any]:
-    """``fn(rank, world_size, *args)`` on every rank; the results in rank order."""
+    """``fn(rank, world_size, *args)`` on every rank; the results in rank order.
+
+    A launch in which a rank crashed in native code is tried once more (see the
+    module's docstring); the first crash's report is given as a
+    :class:`RankCrashWarning`.
+    """
+    try:
+        return _launch(fn, args, timeout, world_size)
+    except RankCrashed as crash:
+        warnings.warn(f"{crash}\n\nTrying the launch once more.", RankCrashWarning, stacklevel=2)
+    return _launch(fn, args, timeout, world_size)
+
+
+def _launch(fn: Callable[..., Any], args: tuple, timeout: float, world_size: int) -> list[Any]:
     with tempfile.TemporaryDirectory(prefix="ckpt-ranks-") as directory:
         context = mp.start_processes(
             _entry,
@@ -125,17 +168,30 @@ def run_ranks(fn: Callable[..., Any], *args: Any, timeout: float, world_size: in
             start_method="spawn",
         )
         deadline = time.monotonic() + timeout
+
+        def steps() -> str:
+            return ", ".join(
+                f"rank {r}: {_last_step(Path(directory) / f'rank{r}.progress')}" for r in range(world_size)
+            )
+
         try:
             while not context.join(timeout=max(0.0, deadline - time.monotonic()), grace_period=_GRACE_SECONDS):
                 if time.monotonic() >= deadline:
-                    steps = ", ".join(
-                        f"rank {r}: {_last_step(Path(directory) / f'rank{r}.progress')}" for r in range(world_size)
-                    )
-                    raise RanksTimedOut(f"{fn.__name__} did not finish within {timeout:g} s; last steps: {steps}")
-        except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
+                    raise RanksTimedOut(f"{fn.__name__} did not finish within {timeout:g} s; last steps: {steps()}")
+        except mp.ProcessRaisedException as error:
             _stop(context.processes)
             details = _tracebacks(context) or str(error)
-            raise RankFailed(f"{fn.__name__} failed (first seen on rank {error.error_index}):{details}") from None
+            raise RankFailed(
+                f"{fn.__name__} failed (first seen on rank {error.error_index}; last steps: {steps()}):{details}"
+            ) from None
+        except mp.ProcessExitedException as error:
+            _stop(context.processes)
+            log = _log_tail(Path(directory) / f"rank{error.error_index}.log")
+            kind = RankCrashed if error.exit_code < 0 else RankFailed
+            raise kind(
+                f"{fn.__name__} failed: {error} (last steps: {steps()}){_tracebacks(context)}\n\n"
+                f"-- the end of rank {error.error_index}'s log:\n{log}"
+            ) from None
         finally:
             _stop(context.processes)
             for path in context.error_files:  # torch leaves a rank's traceback file behind

@@ -2,19 +2,23 @@
 
 A rank that waits forever (a collective its peer never joins) is killed at the
 time limit and the test fails with the step each rank was at; a rank that
-raises stops the others at once, with its traceback.  The last case is the
-hang this issue is about: two ranks that plan one graph differently issue
-different collectives in the backward and wait for each other forever.
+raises stops the others at once, with its traceback; a rank that crashes in
+native code is reported with its last step and the stack faulthandler wrote,
+and the launch is tried once more.  The last case is the hang this issue is
+about: two ranks that plan one graph differently issue different collectives
+in the backward and wait for each other forever.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
-from tests.distributed.launch import RankFailed, RanksTimedOut, progress, run_ranks
+from tests.distributed.launch import RankCrashed, RankCrashWarning, RankFailed, RanksTimedOut, progress, run_ranks
 
 pytestmark = pytest.mark.compile  # each case starts two ranks
 
@@ -37,6 +41,17 @@ def raises_while_its_peer_waits(rank: int, world_size: int) -> None:
         dist.barrier()
     else:
         raise ValueError("rank 1 gives up")
+
+
+def aborts_in_native_code(rank: int, world_size: int, marker: str) -> int:
+    """Rank 1 aborts the first time (or every time, without a marker); rank 0 waits for it."""
+    if rank == 1 and (not marker or not os.path.exists(marker)):
+        if marker:
+            Path(marker).touch()
+        progress("about to abort")
+        os.abort()
+    dist.barrier()
+    return rank
 
 
 def plans_differently(rank: int, world_size: int) -> None:
@@ -70,3 +85,18 @@ def test_ranks_with_different_plans_hang_and_the_time_limit_ends_it():
         assert "rank 0: diverging plans: step 0" in message and "rank 1: diverging plans: step 0" in message
     else:
         assert "gloo" in message.lower(), message
+
+
+def test_a_crash_in_native_code_is_reported_with_the_stack_and_tried_once_more():
+    with pytest.warns(RankCrashWarning) as warned, pytest.raises(RankCrashed) as crashed:
+        run_ranks(aborts_in_native_code, "", timeout=60)
+    assert len(warned) == 1, "one more try, not more"
+    for message in (str(warned[0].message), str(crashed.value)):
+        assert "terminated with signal SIGABRT" in message, message
+        assert "rank 1: about to abort" in message, message
+        assert "Fatal Python error: Aborted" in message and "in aborts_in_native_code" in message, message
+
+
+def test_a_crash_that_does_not_come_back_gives_the_results(tmp_path):
+    with pytest.warns(RankCrashWarning, match="SIGABRT"):
+        assert run_ranks(aborts_in_native_code, str(tmp_path / "crashed once"), timeout=60) == [0, 1]
