@@ -149,8 +149,10 @@ def _reads(graph: PeakGraph, order: Sequence[int]) -> tuple[set[int], dict[int, 
     return realised, reads
 
 
-def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -> set[int]:
-    """The values of ``order`` that allocate in this phase."""
+def _materialised(
+    graph: PeakGraph, order: Sequence[int], kept: Iterable[int], kernels: dict[int, int] | None = None
+) -> set[int]:
+    """The values of ``order`` that allocate in this phase (``kernels``: joined values -> their kernel)."""
     members = set(order)
     readers: dict[int, list[int]] = {}
     for i in order:
@@ -171,14 +173,19 @@ def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int]) -
                 result.add(p)
     for i in order:
         shared = graph.kinds[i] is Materialise.RANDOM or i in reused
-        if shared and i not in result and _read_by_two_kernels(graph, i, readers, result | reused):
+        if shared and i not in result and _read_by_two_kernels(graph, i, readers, result | reused, kernels or {}):
             result.add(i)
     return result
 
 
-def _read_by_two_kernels(graph: PeakGraph, i: int, readers: dict[int, list[int]], kernels_at: set[int]) -> bool:
-    """Whether two kernels read ``i``: two of ``kernels_at`` (buffers, realised values) downstream, through inlined."""
-    kernels: set[int] = set()
+def _read_by_two_kernels(
+    graph: PeakGraph, i: int, readers: dict[int, list[int]], kernels_at: set[int], joined: dict[int, int]
+) -> bool:
+    """Whether two kernels read ``i``: two of ``kernels_at`` (buffers, realised values) downstream, through inlined.
+
+    The values of a joined kernel (``joined``) are one kernel.
+    """
+    kernels: set[object] = set()
     seen: set[int] = set()
     stack = list(readers.get(i, ()))
     while stack:
@@ -189,7 +196,7 @@ def _read_by_two_kernels(graph: PeakGraph, i: int, readers: dict[int, list[int]]
         if graph.kinds[value] in _INLINED and value not in kernels_at:
             stack.extend(readers.get(value, ()))
         else:
-            kernels.add(value)
+            kernels.add(("kernel", joined[value]) if value in joined else value)
             if len(kernels) > 1:
                 return True
     return False
@@ -351,6 +358,57 @@ def _join_sibling_pointwise(
     return result, kernels, sole
 
 
+def _in_place_reads(
+    graph: PeakGraph, order: Sequence[int], kernels: dict[int, int], sole: dict[int, set[int]]
+) -> dict[int, set[int]]:
+    """For a value that loads a realised value of its size read by no other kernel: the reads up to it.
+
+    Its kernel's loads in order (operands first to last, depth first through
+    inlined values); Inductor writes the output in place of the first that
+    qualifies, and such a realised value does (allocating for the output), so
+    only reads loaded before it can give their storage.
+    """
+    members = set(order)
+    realised, reads = _reads(graph, sorted(order))
+    readers: dict[int, list[int]] = {}
+    for v in order:
+        for q in graph.inputs[v]:
+            readers.setdefault(q, []).append(v)
+
+    def loads(v: int, seen: set[int], out: list[int]) -> list[int]:
+        for q in graph.inputs[v]:
+            kind = graph.kinds[q]
+            if kind is Materialise.FREE and not graph.bytes[q]:
+                continue
+            if q in kernels or q not in members or kind not in _INLINED or q in realised:
+                if q not in out:
+                    out.append(q)
+            elif kind is Materialise.FUSIBLE and q not in seen:
+                seen.add(q)
+                loads(q, seen, out)
+        return out
+
+    def only_into(x: int, v: int) -> bool:  # every path from x through its readers ends at v
+        if x == v:
+            return True
+        if graph.kinds[x] is not Materialise.FUSIBLE or x in realised or not readers.get(x):
+            return False
+        return all(only_into(y, v) for y in readers[x])
+
+    result: dict[int, set[int]] = {}
+    for v in order:
+        if graph.kinds[v] not in (Materialise.FUSIBLE, Materialise.REDUCTION) or v in realised or not graph.bytes[v]:
+            continue
+        found = loads(v, {v}, [])
+        for k, r in enumerate(found):
+            if r == v or r not in realised or graph.bytes[r] != graph.bytes[v]:
+                continue
+            if (v not in kernels or r in sole[v]) and all(only_into(y, v) for y in readers[r]):
+                result[v] = set(found[: k + 1])
+                break
+    return result
+
+
 def _buffer_reads(
     graph: PeakGraph, order: Sequence[int], buffers: set[int], available: set[int]
 ) -> dict[int, set[int]]:
@@ -376,6 +434,7 @@ def _run(
     reads: dict[int, set[int]],
     kernels: dict[int, int],
     sole: dict[int, set[int]],
+    loaded: dict[int, set[int]],
 ) -> tuple[_Phase, set[int]]:
     """Allocate and free along ``order``; the phase's peak and what is alive at its end.
 
@@ -452,6 +511,7 @@ def _run(
                         and last_use.get(b) == dies
                         and born[b] < position
                         and (i not in kernels or b in sole[i])
+                        and (i not in loaded or b in loaded[i])
                     ]
                     if donors:
                         alive.discard(min(donors))
@@ -532,9 +592,10 @@ def _backward_phase(graph: PeakGraph, saved: frozenset[int], recomputed: frozens
     )
     start = {i for i in saved if graph.kinds[i] is not Materialise.FREE}
     start |= {i for i in graph.tangents if graph.kinds[i] is not Materialise.FREE}
-    b_buffers = _materialised(graph, backward, graph.gradients)
+    b_buffers = _materialised(graph, backward, graph.gradients, kernels)
     b_reads = _buffer_reads(graph, backward, b_buffers, start)
-    phase, _ = _run(graph, backward, b_buffers, start, set(graph.gradients), b_reads, kernels, sole)
+    loaded = _in_place_reads(graph, backward, kernels, sole)
+    phase, _ = _run(graph, backward, b_buffers, start, set(graph.gradients), b_reads, kernels, sole, loaded)
     return phase
 
 
@@ -553,9 +614,10 @@ def simulate_peak(graph: PeakGraph, saved: Iterable[int], recomputed: Iterable[i
         graph, _fuse_into_consumers(graph, _forward_order(graph, saved_set))
     )
     forward_kept = saved_set | {i for i in graph.outputs if not graph.backward[i]}
-    f_buffers = _materialised(graph, forward, forward_kept)
+    f_buffers = _materialised(graph, forward, forward_kept, kernels)
     f_reads = _buffer_reads(graph, forward, f_buffers, set())
-    f_phase, _ = _run(graph, forward, f_buffers, (), set(forward_kept), f_reads, kernels, sole)
+    loaded = _in_place_reads(graph, forward, kernels, sole)
+    f_phase, _ = _run(graph, forward, f_buffers, (), set(forward_kept), f_reads, kernels, sole, loaded)
     b_phase = _backward_phase(graph, saved_set, recomputed_set)
 
     if b_phase.peak > f_phase.peak:

@@ -172,11 +172,15 @@ def test_a_random_draw_two_kernels_read_is_kept_between_them() -> None:
 
 
 def _shared_sum(reads: int) -> PeakGraph:
-    """``s``: a pointwise sum of ``reads`` buffers that two kernels read (``u`` feeds ``L1``, ``v`` feeds ``L2``)."""
+    """``s``: a pointwise sum of ``reads`` buffers that two kernels read (``u`` feeds ``L1``, ``v`` feeds ``L2``).
+
+    ``v`` reads ``L1`` too, so it runs in a kernel of its own after ``L1`` (one
+    kernel that both read keeps what ``s`` reads alive until it, realised or not).
+    """
     names = [f"b{k}" for k in range(reads)] + ["s", "u", "L1", "v", "L2"]
     kinds = [B] * reads + [F, F, B, F, B]
     s = reads
-    inputs = [()] * reads + [tuple(range(reads)), (s,), (s + 1,), (s,), (s + 3, s + 2)]
+    inputs = [()] * reads + [tuple(range(reads)), (s,), (s + 1,), (s, s + 2), (s + 3, s + 2)]
     return forward_only(names, kinds, inputs)
 
 
@@ -199,7 +203,7 @@ def test_a_random_draw_counts_its_seed_among_the_reads_that_realise_a_value() ->
     R = Materialise.RANDOM
     names = ["seed", "b0", "b1", "b2", "b3", "r", "s", "u", "L1", "v", "L2"]
     kinds = [B, B, B, B, B, R, F, F, B, F, B]
-    inputs: list[tuple[int, ...]] = [(), (), (), (), (), (0,), (1, 2, 3, 4, 5), (6,), (7,), (6,), (9, 8)]
+    inputs: list[tuple[int, ...]] = [(), (), (), (), (), (0,), (1, 2, 3, 4, 5), (6,), (7,), (6, 8), (9, 8)]
     prediction = simulate_peak(forward_only(names, kinds, inputs), saved=(), recomputed=())
     assert prediction.forward_bytes == 5 * 10  # the seeds and the four b's, before s's kernel
     assert "u" not in dict(prediction.alive)
@@ -239,7 +243,7 @@ def test_a_heavy_op_read_by_several_values_is_realised_on_the_cpu() -> None:
     # computes a heavy op (exp, log, sigmoid, tanh), so x dies where s is written.
     names = ["x", "s", "y1", "p1", "L1", "y2", "p2", "L2", "out"]
     kinds = [B, F, B, F, B, B, F, B, B]
-    inputs: list[tuple[int, ...]] = [(), (0,), (), (1, 2), (3,), (), (1, 5), (6,), (4, 7)]
+    inputs: list[tuple[int, ...]] = [(), (0,), (), (1, 2), (3,), (), (1, 5, 4), (6,), (4, 7)]
     graph = forward_only(names, kinds, inputs, [20] + [10] * 7 + [1])
     inlined = simulate_peak(graph, saved=(), recomputed=())
     assert inlined.forward_bytes == 20 + 10 + 10 and dict(inlined.alive)["x"] == 20  # at y2
@@ -391,6 +395,42 @@ def test_a_pointwise_value_runs_in_the_kernel_of_a_realised_value_it_reads() -> 
     apart = simulate_peak(other, (), ())
     assert apart.node == "X" and {name for name, _ in apart.alive} == {"d", "r", "W", "X"}
     assert apart == reference.simulate_peak(other, (), ())
+
+
+def test_a_realised_value_that_only_one_joined_kernel_reads_stays_inside_it() -> None:
+    # s = sigmoid(x) is realised (a heavy op two values read), but p1 = s * y1 and p2 = s * y2, which
+    # the library calls L1 and L2 read, run in one kernel, with q = 2x: Inductor removes s's buffer
+    # there, writes p1 and p2 in place of y1 and y2, and L1 takes x's storage after the kernel.  (As
+    # two kernels, s would be a buffer alive from x's place to the second.)
+    names = ["x", "s", "y1", "p1", "L1", "y2", "p2", "L2", "q", "L3", "out"]
+    kinds = [B, F, B, F, B, B, F, B, F, B, B]
+    inputs: list[tuple[int, ...]] = [(), (0,), (), (1, 2), (3,), (), (1, 5), (6,), (0,), (8,), (4, 7, 9)]
+    graph = dataclasses.replace(forward_only(names, kinds, inputs, [10] * 10 + [1]), heavy_ops=frozenset({1}))
+    prediction = simulate_peak(graph, (), ())
+    assert prediction.node == "L1" and prediction.forward_bytes == 40
+    assert {name for name, _ in prediction.alive} == {"p1", "p2", "q", "L1"}
+    assert prediction == reference.simulate_peak(graph, (), ())
+
+
+def test_a_kernel_writes_in_place_of_the_first_read_it_loads_a_realised_value_before_its_input() -> None:
+    # SwiGLU's recomputed gate in the backward: s = sigmoid(g) is realised (a heavy op two values read),
+    # a = 1 - s and o = s * a * g run in one kernel, which the library call W reads.  Inductor writes o in
+    # place of the first read it loads that dies there: s, which it then keeps as o's buffer, so g is
+    # alive beside o.  Loaded first, g gives o its storage.
+    names = ["g", "s", "a", "o", "W", "out"]
+    kinds = [B, F, F, F, B, B]
+    sizes = [10, 10, 10, 10, 1, 1]
+    realised_first = dataclasses.replace(
+        forward_only(names, kinds, [(), (0,), (1,), (1, 2, 0), (3,), (4,)], sizes), heavy_ops=frozenset({1})
+    )
+    prediction = simulate_peak(realised_first, (), ())
+    assert prediction.node == "o" and prediction.forward_bytes == 20
+    assert {name for name, _ in prediction.alive} == {"g", "o"}
+    assert prediction == reference.simulate_peak(realised_first, (), ())
+    input_first = dataclasses.replace(realised_first, inputs=((), (0,), (1,), (0, 1, 2), (3,), (4,)))
+    taken = simulate_peak(input_first, (), ())
+    assert taken.forward_bytes == 11 and {name for name, _ in taken.alive} == {"o", "W"}
+    assert taken == reference.simulate_peak(input_first, (), ())
 
 
 def test_the_unaligned_outputs_of_a_call_reading_a_graph_input_are_not_held_for_a_later_buffer() -> None:

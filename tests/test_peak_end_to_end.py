@@ -110,3 +110,36 @@ def test_the_peak_of_a_residual_stack_is_predicted_to_one_percent(budget) -> Non
     (record,) = [r for r in records if r.plan is not None]
     assert record.plan.recomputed, "the budget must make the plan recompute"
     assert abs(record.peak.peak_bytes - peak) <= 0.01 * peak, (record.peak.peak_bytes, peak)
+
+
+class _SwiGLUStack(torch.nn.Module):
+    """Residual SwiGLU blocks, Llama's MLP: ``x + down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, width: int = 64, hidden: int = 172, depth: int = 4) -> None:
+        super().__init__()
+        self.gates = torch.nn.ModuleList(torch.nn.Linear(width, hidden, bias=False) for _ in range(depth))
+        self.ups = torch.nn.ModuleList(torch.nn.Linear(width, hidden, bias=False) for _ in range(depth))
+        self.downs = torch.nn.ModuleList(torch.nn.Linear(hidden, width, bias=False) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for gate, up, down in zip(self.gates, self.ups, self.downs):
+            x = x + down(torch.nn.functional.silu(gate(x)) * up(x))
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("budget", ["0.25", "0"])
+def test_the_peak_of_a_swiglu_stack_that_recomputes_its_gates_is_predicted_to_two_percent(budget) -> None:
+    # The recomputed gate projection's sigmoid is realised on the CPU (a heavy op two values read), and
+    # the gradient's kernel writes in place of it, not of the gate projection, which stays alive beside.
+    torch.compiler.reset()
+    torch.manual_seed(0)
+    model, x = _SwiGLUStack(), torch.randn(512, 64)
+    compiled = torch.compile(model, backend="ckpt", options={"device": "h100", "memory_budget": budget})
+    with compat.compile_caches_disabled(), record_partitions() as records:
+        compiled(x).backward()
+    model.zero_grad(set_to_none=True)
+    peak = peak_memory(lambda: compiled(x).backward()).bytes
+    (record,) = [r for r in records if r.plan is not None]
+    names = record.analysis.problem.names
+    assert any(names[i].startswith("mm") for i in record.plan.recomputed), "the plan must recompute a projection"
+    assert abs(record.peak.peak_bytes - peak) <= 0.02 * peak, (record.peak.peak_bytes, peak)

@@ -124,7 +124,9 @@ class Materialise(enum.Enum):
 class PeakGraph:
     """Values in topological order, views folded into the values they alias.
 
-    ``backward[i]``: computed by the backward (downstream of the tangents);
+    ``inputs[i]``: the values ``i`` reads, in the order its operands name them
+    (Inductor's kernels load their reads in that order); ``backward[i]``:
+    computed by the backward (downstream of the tangents);
     ``required[i]``: the forward must compute it (for its outputs or side
     effects), whatever the plan; ``outputs``: forward outputs (alive to the end
     of the forward); ``gradients``: backward outputs (alive to the end of the
@@ -555,11 +557,13 @@ def _reuse_in_place(
     kernel that joins siblings (``phase.sole_inputs``), whose inputs die at its
     end, a value takes only an input that no other value of the kernel reads.
     A concatenation's buffer (``fixed``) is never taken: Inductor does not
-    write in place of a ``ConcatKernel``'s output.
+    write in place of a ``ConcatKernel``'s output.  A value that loads a
+    realised value of its size which only its kernel reads takes only an
+    input loaded before that one (``phase.in_place_reads``).
     Returns, for each position whose output took an input's bytes, the span
     (by index) that gave them.
     """
-    order, joined = phase.order, phase.sole_inputs
+    order, joined, loaded = phase.order, phase.sole_inputs, phase.in_place_reads
     outputs: dict[int, int] = {}  # position -> the kernel output allocated there
     members: dict[int, list[int]] = {}  # a joined kernel's end -> the positions of its outputs
     for first, _, b in spans:
@@ -575,12 +579,13 @@ def _reuse_in_place(
         if keep[b] or b in fixed:
             continue
         output = outputs.get(last)
-        if output is not None and first < last and nbytes[b] == nbytes[output]:
+        if output is not None and first < last and nbytes[b] == nbytes[output] and b in loaded.get(output, (b,)):
             known = donors.get(last)
             if known is None or b < spans[known][2]:
                 donors[last] = at
         for k in members.get(last, ()):
-            if first < k and nbytes[b] == nbytes[order[k]] and b in phase.sole_inputs[order[k]]:
+            v = order[k]
+            if first < k and nbytes[b] == nbytes[v] and b in joined[v] and b in loaded.get(v, (b,)):
                 known = donors.get(k)
                 if known is None or b < spans[known][2]:
                     donors[k] = at

@@ -277,7 +277,7 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         or (n.op == "call_function" and n.name not in analysis.forward_names)
         for n in nodes
     ]
-    inputs = [tuple(sorted({value_of(a) for a in n.all_input_nodes})) for n in nodes]
+    inputs = [tuple(dict.fromkeys(value_of(a) for a in n.all_input_nodes)) for n in nodes]  # in operand order
     fwd_outputs, bwd_outputs = compat.fwd_bwd_outputs(joint, num_fwd_outputs)
     outputs = frozenset(value_of(n) for n in fwd_outputs if isinstance(n, fx.Node))
     gradients = frozenset(value_of(n) for n in bwd_outputs if isinstance(n, fx.Node))

@@ -62,6 +62,9 @@ class PhaseOrder:
     kernel_end: dict[int, int] = dataclasses.field(default_factory=dict)
     # and each one -> the inputs that no other value of its kernel reads (it may write in place of one).
     sole_inputs: dict[int, frozenset[int]] = dataclasses.field(default_factory=dict)
+    # A value whose kernel loads a realised value of its size that only it reads -> the reads it loads
+    # up to that one: the inputs it may write in place of (``GraphIndex._in_place_reads``).
+    in_place_reads: dict[int, frozenset[int]] = dataclasses.field(default_factory=dict)
 
 
 class GraphIndex:
@@ -257,7 +260,88 @@ class GraphIndex:
         kinds = self.kinds
         shared = tuple(v for v in fused if kinds[v] == RANDOM or realised[v])
         materialised = self._materialised(fused, position, realised)
-        return PhaseOrder(tuple(fused), position, materialised, shared, kernel_end, sole_inputs)
+        in_place_reads = self._in_place_reads(fused, position, realised, reads, groups, sole_inputs) if shared else {}
+        return PhaseOrder(tuple(fused), position, materialised, shared, kernel_end, sole_inputs, in_place_reads)
+
+    def _in_place_reads(
+        self,
+        order: Sequence[int],
+        position: list[int],
+        realised: bytearray,
+        reads: dict[int, set[int]],
+        groups: dict[int, int],
+        sole_inputs: dict[int, frozenset[int]],
+    ) -> dict[int, frozenset[int]]:
+        """For each value that loads a realised value of its size read by no other kernel: its reads up to it.
+
+        Inductor writes a kernel's output in place of the first of its reads,
+        in the order the kernel loads them (its operands' order, depth first
+        through inlined values), that dies there with the output's size
+        (``SchedulerNode.decide_inplace_update``).  A realised value that only
+        this kernel reads qualifies, and it is read before its own inputs, which
+        its node (an ancestor) has already loaded: in SwiGLU's backward the
+        gradient takes the recomputed sigmoid's storage, not the gate
+        projection's.  Such a value allocates for the output and Inductor
+        does not remove it, so the output takes no earlier buffer's storage;
+        only reads loaded before it can give theirs.
+        """
+        kinds, nbytes = self.kinds, self.nbytes
+        result: dict[int, frozenset[int]] = {}
+        for v in order:
+            kind = kinds[v]
+            if (kind != FUSIBLE and kind != REDUCTION) or realised[v] or not nbytes[v]:
+                continue
+            found = sole_inputs[v] if v in groups else reads.get(v, ())
+            if not any(realised[r] and nbytes[r] == nbytes[v] and r != v for r in found):
+                continue
+            loads = self._load_order(v, groups, position, realised)
+            for k, r in enumerate(loads):
+                if (
+                    r != v
+                    and realised[r]
+                    and nbytes[r] == nbytes[v]
+                    and (v not in groups or r in sole_inputs[v])
+                    and self._only_kernel(r, v, position, realised)
+                ):
+                    result[v] = frozenset(loads[: k + 1])
+                    break
+        return result
+
+    def _load_order(self, v: int, joined: dict[int, int], position: list[int], realised: bytearray) -> list[int]:
+        """:meth:`_kernel_reads` in the order the kernel loads them: operands first to last, depth first."""
+        reads_of = self._reads_of
+        loads: dict[int, None] = {}
+        visited = {v}
+        stack = [iter(reads_of[v])]
+        while stack:
+            for p, code in stack[-1]:
+                if p in joined or code == _READ_ALWAYS or position[p] < 0 or realised[p]:
+                    loads.setdefault(p)
+                elif code == _READ_INLINED and p not in visited:
+                    visited.add(p)
+                    stack.append(iter(reads_of[p]))
+                    break
+            else:
+                stack.pop()
+        return list(loads)
+
+    def _only_kernel(self, r: int, v: int, position: list[int], realised: bytearray) -> bool:
+        """Whether ``v``'s kernel is the only one that reads ``r``: every reader is ``v`` or inlined into it."""
+        kinds, readers = self.kinds, self.readers
+        stack = [x for x in readers[r] if position[x] >= 0]
+        seen: set[int] = set()
+        while stack:
+            x = stack.pop()
+            if x == v or x in seen:
+                continue
+            seen.add(x)
+            if kinds[x] != FUSIBLE or realised[x]:
+                return False
+            later = [y for y in readers[x] if position[y] >= 0]
+            if not later:
+                return False
+            stack.extend(later)
+        return True
 
     def _positions(self, order: Sequence[int]) -> list[int]:
         position = [-1] * self.n
@@ -623,12 +707,21 @@ class GraphIndex:
             if kinds[i] == FUSIBLE:
                 kernels[i] = 1
         for i in phase.shared:
-            if not buffers[i] and self._read_by_two_kernels(i, phase.position, kernels):
+            if not buffers[i] and self._read_by_two_kernels(i, phase.position, kernels, phase.kernel_end):
                 buffers[i] = kernels[i] = 1
 
-    def _read_by_two_kernels(self, i: int, position: list[int], kernels_at: bytearray) -> bool:
-        """Whether two kernels read ``i``: two kernels (``kernels_at``) downstream of it through inlined values."""
+    def _read_by_two_kernels(
+        self, i: int, position: list[int], kernels_at: bytearray, joined: dict[int, int] | None = None
+    ) -> bool:
+        """Whether two kernels read ``i``: two kernels (``kernels_at``) downstream of it through inlined values.
+
+        Values joined in one kernel (``joined``: a value's position -> its
+        kernel's last) are one kernel: a value that only they read, such as
+        a recomputed SwiGLU's activation that the down projection's input and
+        the up projection's gradient read, stays inside it.
+        """
         readers, inlined = self.readers, self.inlined
+        joined = joined or {}
         kernels: set[int] = set()
         seen: set[int] = set()
         stack = [r for r in readers[i] if position[r] >= 0]
@@ -640,7 +733,8 @@ class GraphIndex:
             if inlined[value] and not kernels_at[value]:
                 stack.extend(r for r in readers[value] if position[r] >= 0)
             else:
-                kernels.add(value)
+                at = position[value]
+                kernels.add(-1 - joined[at] if at in joined else value)
                 if len(kernels) > 1:
                     return True
         return False
