@@ -149,9 +149,7 @@ def _reads(graph: PeakGraph, order: Sequence[int]) -> tuple[set[int], dict[int, 
     return realised, reads
 
 
-def _materialised(
-    graph: PeakGraph, order: Sequence[int], kept: Iterable[int], kernels: dict[int, int] | None = None
-) -> set[int]:
+def _materialised(graph: PeakGraph, order: Sequence[int], kept: Iterable[int], kernels: dict[int, int]) -> set[int]:
     """The values of ``order`` that allocate in this phase (``kernels``: joined values -> their kernel)."""
     members = set(order)
     readers: dict[int, list[int]] = {}
@@ -173,7 +171,7 @@ def _materialised(
                 result.add(p)
     for i in order:
         shared = graph.kinds[i] is Materialise.RANDOM or i in reused
-        if shared and i not in result and _read_by_two_kernels(graph, i, readers, result | reused, kernels or {}):
+        if shared and i not in result and _read_by_two_kernels(graph, i, readers, result | reused, kernels):
             result.add(i)
     return result
 

@@ -95,19 +95,24 @@ def test_auto_resolves_to_bytes_on_cuda() -> None:
     assert config.peak.max_bytes is not None and config.peak.max_bytes >= 0
 
 
-@pytest.mark.parametrize("budget", ["0.5", "0.1"])
-def test_the_peak_of_a_residual_stack_is_predicted_to_one_percent(budget) -> None:
-    from tests.test_peak import _ResidualStack
-
+def _measure_module(model: torch.nn.Module, x: torch.Tensor, budget: str) -> tuple[int, object]:
+    """Measured step peak of ``model(x)`` compiled under ``budget``, and its one partition record."""
     torch.compiler.reset()
-    torch.manual_seed(0)
-    model, x = _ResidualStack(), torch.randn(256, 64)
     compiled = torch.compile(model, backend="ckpt", options={"device": "h100", "memory_budget": budget})
     with compat.compile_caches_disabled(), record_partitions() as records:
         compiled(x).backward()
     model.zero_grad(set_to_none=True)
     peak = peak_memory(lambda: compiled(x).backward()).bytes
     (record,) = [r for r in records if r.plan is not None]
+    return peak, record
+
+
+@pytest.mark.parametrize("budget", ["0.5", "0.1"])
+def test_the_peak_of_a_residual_stack_is_predicted_to_one_percent(budget) -> None:
+    from tests.test_peak import _ResidualStack
+
+    torch.manual_seed(0)
+    peak, record = _measure_module(_ResidualStack(), torch.randn(256, 64), budget)
     assert record.plan.recomputed, "the budget must make the plan recompute"
     assert abs(record.peak.peak_bytes - peak) <= 0.01 * peak, (record.peak.peak_bytes, peak)
 
@@ -131,15 +136,8 @@ class _SwiGLUStack(torch.nn.Module):
 def test_the_peak_of_a_swiglu_stack_that_recomputes_its_gates_is_predicted_to_two_percent(budget) -> None:
     # The recomputed gate projection's sigmoid is realised on the CPU (a heavy op two values read), and
     # the gradient's kernel writes in place of it, not of the gate projection, which stays alive beside.
-    torch.compiler.reset()
     torch.manual_seed(0)
-    model, x = _SwiGLUStack(), torch.randn(512, 64)
-    compiled = torch.compile(model, backend="ckpt", options={"device": "h100", "memory_budget": budget})
-    with compat.compile_caches_disabled(), record_partitions() as records:
-        compiled(x).backward()
-    model.zero_grad(set_to_none=True)
-    peak = peak_memory(lambda: compiled(x).backward()).bytes
-    (record,) = [r for r in records if r.plan is not None]
+    peak, record = _measure_module(_SwiGLUStack(), torch.randn(512, 64), budget)
     names = record.analysis.problem.names
     assert any(names[i].startswith("mm") for i in record.plan.recomputed), "the plan must recompute a projection"
     assert abs(record.peak.peak_bytes - peak) <= 0.02 * peak, (record.peak.peak_bytes, peak)

@@ -308,7 +308,10 @@ class GraphIndex:
         return result
 
     def _load_order(self, v: int, joined: dict[int, int], position: list[int], realised: bytearray) -> list[int]:
-        """:meth:`_kernel_reads` in the order the kernel loads them: operands first to last, depth first."""
+        """What ``v``'s kernel reads (``joined`` values as themselves), in the order it loads them.
+
+        Operands first to last, depth first through inlined values; each read once.
+        """
         reads_of = self._reads_of
         loads: dict[int, None] = {}
         visited = {v}
@@ -603,13 +606,7 @@ class GraphIndex:
         reads that buffer (the element it has just written), not what it is
         computed from: ReLU's gradient reads ReLU's output, not its input.
         """
-        found: set[int] = set()
-        for p, code in self._reads_of[v]:
-            if p in joined or code == _READ_ALWAYS or position[p] < 0 or realised[p]:
-                found.add(p)
-            elif code == _READ_INLINED:
-                found |= self._kernel_reads(p, joined, position, realised)
-        return found
+        return set(self._load_order(v, joined, position, realised))
 
     def _fuse_into_consumers(self, order: list[int], position: list[int], realised: bytearray) -> list[int]:
         """``order`` with each pointwise value moved to just before its first consumer in the phase.
@@ -710,9 +707,7 @@ class GraphIndex:
             if not buffers[i] and self._read_by_two_kernels(i, phase.position, kernels, phase.kernel_end):
                 buffers[i] = kernels[i] = 1
 
-    def _read_by_two_kernels(
-        self, i: int, position: list[int], kernels_at: bytearray, joined: dict[int, int] | None = None
-    ) -> bool:
+    def _read_by_two_kernels(self, i: int, position: list[int], kernels_at: bytearray, joined: dict[int, int]) -> bool:
         """Whether two kernels read ``i``: two kernels (``kernels_at``) downstream of it through inlined values.
 
         Values joined in one kernel (``joined``: a value's position -> its
@@ -721,7 +716,6 @@ class GraphIndex:
         the up projection's gradient read, stays inside it.
         """
         readers, inlined = self.readers, self.inlined
-        joined = joined or {}
         kernels: set[int] = set()
         seen: set[int] = set()
         stack = [r for r in readers[i] if position[r] >= 0]
