@@ -474,7 +474,27 @@ def _run(
     for output, call in graph.call_outputs:
         calls.setdefault(call, []).append(output)
 
-    def walk(stop: int, holds: dict[int, int], events: list[tuple[int, str, int]]) -> tuple[int, int, set[int]]:
+    # Values Inductor realises for several readers that one kernel reads: no storage, but its own
+    # estimate counts them where that kernel runs (at a joined kernel's last value).
+    reused = _reads(graph, order)[0]
+    local: dict[int, int] = {}  # position -> bytes
+    for i in order:
+        if (graph.kinds[i] is Materialise.RANDOM or i in reused) and i not in buffers and nbytes[i]:
+            first = next((k for k, r in enumerate(order) if i in graph.inputs[r]), None)
+            if first is not None:
+                at = kernel_end[kernels[order[first]]] if order[first] in kernels else first
+                local[at] = local.get(at, 0) + nbytes[i]
+    # A concatenation's inputs are copied into its buffer by kernels of their own; the estimate counts
+    # the last copy, a buffer of its input's size, while the concatenation runs.
+    for position, i in enumerate(order):
+        if i in graph.concats and graph.inputs[i]:
+            local[position] = local.get(position, 0) + nbytes[graph.inputs[i][-1]]
+
+    def walk(
+        stop: int, holds: dict[int, int], events: list[tuple[int, str, int]], estimate: list[int] | None = None
+    ) -> tuple[int, int, set[int]]:
+        """Replay the phase; with ``estimate``, as Inductor's own estimate sees it (no storage shared),
+        writing the bytes alive at each position into it and each allocation into ``events``."""
         alive = {b for b in start if b in keep or b in last_use}
         born = dict.fromkeys(alive, 0)
         held: dict[int, list[int]] = {}  # position -> freed buffers held for the buffer allocated there
@@ -491,12 +511,16 @@ def _run(
                     alive.discard(b)
                     total -= nbytes[b]
                 events.append((position, "take", copy))
+                if estimate is not None:
+                    events.append((position, "alloc", copy))
                 alive.add(copy)
                 born[copy] = position
                 total += nbytes[copy]
             if i in buffers and i not in alive:
                 in_place = False
-                if graph.kinds[i] not in (Materialise.BUFFER, Materialise.FREE) and nbytes[i]:
+                if estimate is not None and i not in start_set and nbytes[i]:
+                    events.append((position, "alloc", i))
+                if estimate is None and graph.kinds[i] not in (Materialise.BUFFER, Materialise.FREE) and nbytes[i]:
                     # Inductor's kernel writes in place of an input of its size that dies here (in a
                     # kernel of siblings: that dies at its end, and that no other value of it reads).
                     dies = kernel_end[kernels[i]] if i in kernels else position
@@ -526,6 +550,8 @@ def _run(
                 total += nbytes[i]
             # a library call's own working memory while it runs, and the outputs it allocated
             running = total + scratch[i] + sum(nbytes[b] for b in pending)
+            if estimate is not None:
+                estimate.append(total + sum(nbytes[b] for b in pending) + local.get(position, 0))
             if running > peak or at < 0:
                 peak, at = running, position
             if position == stop:
@@ -552,20 +578,34 @@ def _run(
             unaligned.update(calls[i])
 
     def pool(events: list[tuple[int, str, int]]) -> dict[int, int]:
-        """Which freed buffer each allocation takes over: the latest freed of its size."""
+        """Which freed buffer each allocation takes over: the latest freed of its size, unless holding
+        it from where it was freed would take Inductor's own estimate above that estimate's peak (the
+        held bytes then count in the estimate); no kernel that allocates in between, and it always does."""
+        estimate: list[int] = []
+        allocations: list[tuple[int, str, int]] = []
+        walk(len(order), {}, allocations, estimate)
+        allocating = sorted({position for position, kind, _ in allocations if kind == "alloc"})
+        overall = max(estimate, default=0)
         # an output written in place of a buffer the phase starts with (a graph input) keeps its storage
         inputs_storage = set(unaligned)
         for position, kind, b in events:
             if kind == "in place" and (b in start_set or b in inputs_storage):
                 inputs_storage.add(order[position])
         gave = {b for _, kind, b in events if kind == "in place"} | inputs_storage
-        freed: dict[int, list[int]] = {}
+        freed: dict[int, list[tuple[int, int]]] = {}  # bytes -> (buffer, where freed), latest last
         holds: dict[int, int] = {}
         for position, kind, b in events:
             if kind == "take" and freed.get(nbytes[b]):
-                holds[freed[nbytes[b]].pop()] = position
+                held, after = freed[nbytes[b]][-1]
+                between = [k for k in allocating if after < k < position]
+                if between and nbytes[b] + max(estimate[k] for k in between) > overall:
+                    continue  # declined: it stays in the pool
+                for k in between:
+                    estimate[k] += nbytes[b]
+                freed[nbytes[b]].pop()
+                holds[held] = position
             elif kind == "free" and b not in gave:
-                freed.setdefault(nbytes[b], []).append(b)
+                freed.setdefault(nbytes[b], []).append((b, position))
         return holds
 
     events: list[tuple[int, str, int]] = []

@@ -124,10 +124,11 @@ def test_fused_values_allocate_nothing_and_extend_their_inputs() -> None:
     graph = chain(4, fused=True)  # pointwise layers: h1 and h3 fuse into h2 and h4
     prediction = simulate_peak(graph, saved=(2, 4), recomputed=(1, 3))
     assert prediction.forward_bytes == 2 * 10 + 1  # only the saved h2 and h4, then the loss
-    # the backward's library calls read h1 and h3, so there they are materialised; g4 dies at g3,
-    # but Inductor holds it for the recomputed h1, a kernel output of its size
-    assert prediction.backward_bytes == 4 * 10 + 2  # at g2: h2, g4 (held), g3, g2, w4 and w3
-    assert prediction.node == "g2" and dict(prediction.alive)["g4"] == 10
+    # the backward's library calls read h1 and h3, so there they are materialised; g4 dies at g3, and
+    # Inductor would hold it for the recomputed h1, a kernel output of its size, but that would take
+    # its own estimate above its peak at g2: g4 is freed
+    assert prediction.backward_bytes == 4 * 10 + 1  # at g3: h2, h3, g4, g3 and w4
+    assert prediction.node == "g3"  # holding g4 would have made it 4 * 10 + 2, at g2
 
 
 def test_a_pointwise_value_runs_in_its_consumers_kernel() -> None:
@@ -268,28 +269,53 @@ def test_silus_exp_and_sigmoid_are_heavy_ops_on_the_cpu() -> None:
 
 
 def test_a_freed_buffer_is_held_for_a_later_buffer_of_its_size() -> None:
-    # a dies at b; c, a kernel output of a's size, takes a's storage after the library call y:
-    # Inductor holds a until then, so a counts while y runs.
-    names, inputs, sizes = ["a", "b", "y", "c", "out"], [(), (0,), (1,), (2,), (3,)], [10, 20, 1000, 10, 1]
-    held = simulate_peak(forward_only(names, [B, B, B, F, B], inputs, sizes), (), ())
+    # a dies at b; c, a kernel output of a's size, takes a's storage after the library call y (whose
+    # working memory is 1000 bytes): Inductor holds a until then, so a counts while y runs.
+    names, inputs, sizes = ["a", "b", "y", "c", "out"], [(), (0,), (1,), (2,), (3,)], [10, 20, 0, 10, 1]
+    working = {"scratch": (0, 0, 1000, 0, 0)}
+    held = simulate_peak(dataclasses.replace(forward_only(names, [B, B, B, F, B], inputs, sizes), **working), (), ())
     assert held.node == "y" and held.forward_bytes == 10 + 20 + 1000
     assert dict(held.alive)["a"] == 10
     # a library call's output is allocated by the call itself: nothing waits for it
-    fresh = forward_only(names, [B, B, B, B, B], inputs, sizes)
+    fresh = dataclasses.replace(forward_only(names, [B, B, B, B, B], inputs, sizes), **working)
     assert simulate_peak(fresh, (), ()).forward_bytes == 20 + 1000
     # unless Inductor passes it an out= buffer (mm), which takes a freed one as a kernel does
     out = simulate_peak(dataclasses.replace(fresh, out_buffers=frozenset({3})), (), ())
     assert out.forward_bytes == held.forward_bytes
 
 
+def test_a_freed_buffer_is_held_only_where_inductors_own_estimate_of_the_peak_allows() -> None:
+    # a dies at b; c, a kernel output of a's size, could take its storage after the library call y (1
+    # byte, 2000 of working memory, which Inductor's estimate does not see). Its estimate peaks at b
+    # (a and b, 30 bytes): holding a through y would take it to 31, so Inductor frees a after b.
+    names, inputs = ["a", "b", "y", "c", "out"], [(), (0,), (1,), (2,), (3,)]
+    alone = dataclasses.replace(
+        forward_only(names, [B, B, B, F, B], inputs, [10, 20, 1, 10, 1]), scratch=(0, 0, 2000, 0, 0)
+    )
+    declined = simulate_peak(alone, (), ())
+    assert declined.node == "y" and declined.forward_bytes == 20 + 1 + 2000 and "a" not in dict(declined.alive)
+    # with an earlier peak of 1010 bytes (p and a) in the estimate, holding a through y is within it
+    names, inputs = ["p", "a", "b", "y", "c", "out"], [(), (0,), (1,), (2,), (3,), (4,)]
+    graph = dataclasses.replace(
+        forward_only(names, [B, B, B, B, F, B], inputs, [1000, 10, 20, 1, 10, 1]), scratch=(0, 0, 0, 2000, 0, 0)
+    )
+    held = simulate_peak(graph, (), ())
+    assert held.node == "y" and held.forward_bytes == 20 + 1 + 2000 + 10 and dict(held.alive)["a"] == 10
+    # with no kernel that allocates between a's last reader and c, Inductor always hands it over
+    adjacent = dataclasses.replace(graph, bytes=(10, 10, 20, 0, 10, 1))
+    assert dict(simulate_peak(adjacent, (), ()).alive)["a"] == 10
+    assert declined == reference.simulate_peak(alone, (), ())
+    assert held == reference.simulate_peak(graph, (), ())
+
+
 def test_a_library_calls_input_copy_is_held_for_a_later_buffer_of_its_size() -> None:
     # conv reads a copy of the parameter w (8 bytes, part of its scratch); after conv the copy goes to
-    # Inductor's pool, and c, a kernel output of its size, takes it after the library call big: the
-    # copy counts while big runs.
+    # Inductor's pool, and c, a kernel output of its size, takes it after the library call big (whose
+    # working memory is 1000 bytes): the copy counts while big runs.
     names = ["w", "x", "conv", "big", "c", "out"]
     inputs = [(), (), (0, 1), (2,), (3,), (4,)]
-    graph = forward_only(names, [X, B, B, B, F, B], inputs, sizes=[0, 10, 20, 1000, 8, 1])
-    graph = dataclasses.replace(graph, scratch=(0, 0, 8, 0, 0, 0))
+    graph = forward_only(names, [X, B, B, B, F, B], inputs, sizes=[0, 10, 20, 0, 8, 1])
+    graph = dataclasses.replace(graph, scratch=(0, 0, 8, 1000, 0, 0))
     scratch_only = simulate_peak(graph, (), ())
     assert scratch_only.node == "big" and scratch_only.forward_bytes == 20 + 1000
     pooled = dataclasses.replace(graph, pooled_copies=((2, 8),))
@@ -299,9 +325,10 @@ def test_a_library_calls_input_copy_is_held_for_a_later_buffer_of_its_size() -> 
     assert held.alive_values == (2, 3)  # the copy is no value of the graph
     assert held == reference.simulate_peak(pooled, (), ())
     # while conv runs, the copy is what its scratch was: the same bytes
-    assert forward_peak(dataclasses.replace(pooled, bytes=(0, 10, 20, 1, 8, 1)), ()) == 10 + 8 + 20
+    small = dataclasses.replace(pooled, scratch=(0, 0, 8, 0, 0, 0))
+    assert forward_peak(small, ()) == 10 + 8 + 20
     # with no later buffer of its size, the copy is freed after the call
-    other = dataclasses.replace(pooled, bytes=(0, 10, 20, 1000, 9, 1))
+    other = dataclasses.replace(pooled, bytes=(0, 10, 20, 0, 9, 1))
     assert simulate_peak(other, (), ()).forward_bytes == 20 + 1000
     with pytest.raises(ValueError, match="more than its scratch"):
         dataclasses.replace(graph, pooled_copies=((2, 9),))
@@ -435,12 +462,15 @@ def test_a_kernel_writes_in_place_of_the_first_read_it_loads_a_realised_value_be
 
 def test_the_unaligned_outputs_of_a_call_reading_a_graph_input_are_not_held_for_a_later_buffer() -> None:
     # call (aten's own kernel) returns a, which dies at b; c, a kernel output of a's size, comes after
-    # the library call y. Inductor holds a for c, unless it marked a unaligned: on the CPU, because the
-    # call reads a graph input (the parameter x), and its pool never hands such a buffer on.
+    # the library call y (1000 bytes of working memory). Inductor holds a for c, unless it marked a
+    # unaligned: on the CPU, because the call reads a graph input (the parameter x), and its pool never
+    # hands such a buffer on.
     names = ["x", "call", "a", "b", "y", "c", "out"]
     inputs: list[tuple[int, ...]] = [(), (0,), (1,), (2,), (3,), (4,), (5,)]
-    graph = forward_only(names, [X, B, B, B, B, F, B], inputs, [0, 0, 10, 20, 1000, 10, 1])
-    graph = dataclasses.replace(graph, call_outputs=((2, 1),), fallback_calls=frozenset({1}))
+    graph = forward_only(names, [X, B, B, B, B, F, B], inputs, [0, 0, 10, 20, 0, 10, 1])
+    graph = dataclasses.replace(
+        graph, call_outputs=((2, 1),), fallback_calls=frozenset({1}), scratch=(0, 0, 0, 0, 1000, 0, 0)
+    )
     held = simulate_peak(graph, (), ())
     assert held.node == "y" and held.forward_bytes == 1030 and dict(held.alive)["a"] == 10
     unaligned = dataclasses.replace(graph, unaligned_calls=frozenset({1}))
@@ -461,7 +491,8 @@ def test_a_backward_calls_outputs_are_unaligned_when_it_reads_a_saved_value_not_
     inputs: list[tuple[int, ...]] = [(), (0,), (1,), (), (1,), (4,), (3, 5), (6,), (7,), (8,)]
     graph = PeakGraph(
         names=tuple(names),
-        bytes=(0, 10, 1, 1, 0, 10, 20, 1000, 10, 1),
+        bytes=(0, 10, 1, 1, 0, 10, 20, 0, 10, 1),
+        scratch=(0, 0, 0, 0, 0, 0, 0, 1000, 0, 0),  # y's working memory
         kinds=(X, B, B, B, B, B, B, B, F, B),
         inputs=tuple(inputs),
         backward=(False, False, False, True, True, True, True, True, True, True),
@@ -487,7 +518,8 @@ def test_a_kernel_written_in_place_of_a_saved_value_is_not_held_for_a_later_buff
     names = ["x", "s", "loss", "t", "u", "o", "b", "y", "c", "grad"]
     graph = PeakGraph(
         names=tuple(names),
-        bytes=(0, 10, 1, 1, 1, 10, 20, 1000, 10, 1),
+        bytes=(0, 10, 1, 1, 1, 10, 20, 0, 10, 1),
+        scratch=(0, 0, 0, 0, 0, 0, 0, 1000, 0, 0),  # y's working memory
         kinds=(X, B, B, B, B, F, B, B, F, B),
         inputs=((), (0,), (1,), (), (3,), (1, 4), (5,), (6,), (7,), (8,)),
         backward=(False,) * 3 + (True,) * 7,

@@ -62,7 +62,13 @@ allocates itself (a kernel's output, or a library call it gives an ``out=``
 buffer, ``PeakGraph.out_buffers``) can take its storage: Inductor's wrapper
 keeps it until then (``allow_buffer_reuse``), so in a recomputed stack the
 MLP's buffers of one layer stay alive through the next layer's attention,
-until its MLP reuses them.  A convolution's copy of its weight in the layout
+until its MLP reuses them.  It does so only where holding the buffer keeps
+its own estimate of the graph's memory within that estimate's peak
+(``AllocateLine.should_reuse_buffer``), or where no kernel that allocates
+runs in between.  That estimate shares no storage (a concatenation's last
+input copy and an output written in place of an input count apart, a value
+realised for one fused kernel counts while it runs), and sees no library
+call's working memory.  A convolution's copy of its weight in the layout
 it runs in is such a buffer too (``PeakGraph.pooled_copies``): allocated where
 the call runs, and held after it until a later buffer of its size takes it.
 Two kinds of buffer never go to the pool: an output of aten's own kernel
@@ -92,6 +98,7 @@ to find the peak and once more to name what is alive there.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import functools
 import itertools
@@ -605,13 +612,15 @@ def _reuse_freed(
     in_place: tuple[set[int], set[int]],
     values: int,
     unpooled: set[int],
+    estimate: list[int],
 ) -> None:
     """Hold each freed buffer that a later allocation of its size takes over, until that allocation.
 
     Inductor's wrapper does not free a buffer whose last reader has run if
     a later buffer of the same size can take its storage: it keeps the
     buffer in a pool and hands it over then (``allow_buffer_reuse``), the
-    most recently freed first.  Buffers the phase's kernels allocate and
+    most recently freed first, unless holding it would raise Inductor's own
+    estimate of the peak (:func:`_holds_under_peak`).  Buffers the phase's kernels allocate and
     free go to the pool (not its inputs, not what it keeps); what Inductor
     allocates itself takes from it (its kernels' outputs and the library
     calls it passes an ``out=`` buffer, ``takes``).  A held buffer's span
@@ -633,6 +642,10 @@ def _reuse_freed(
             freed_at.setdefault(last, []).append(s)
     if not freed_at:
         return
+    # Inductor's own estimate of the phase's memory at each kernel that allocates (its scheduler
+    # nodes), from the lifetimes without the pool: it declines a reuse that would raise its peak.
+    overall = max(estimate)
+    nodes = sorted(alloc_at)
     pool: dict[int, list[int]] = {}  # bytes -> spans freed, most recent last
     for k in sorted(alloc_at.keys() | freed_at.keys()):  # at each position: allocate, then free
         takers = alloc_at.get(k, [])
@@ -645,15 +658,77 @@ def _reuse_freed(
             if takes[b] and (b >= values or k not in taken_in_place):
                 held = pool.get(nbytes[b])
                 if held:
-                    d = held.pop()
-                    first, _, donor = spans[d]
-                    spans[d] = (first, k - 1, donor)
+                    first, freed_after, donor = spans[held[-1]]
+                    if _holds_under_peak(estimate, overall, nodes, freed_after, k, nbytes[b]):
+                        spans[held.pop()] = (first, k - 1, donor)
         freed = freed_at.get(k)
         if freed is not None:
             if len(freed) > 1:
                 freed.sort(key=lambda d: spans[d][2])
             for d in freed:
                 pool.setdefault(nbytes[spans[d][2]], []).append(d)
+
+
+def _inductor_estimate(
+    sim: _Simulator, phase: PhaseOrder, spans: list[tuple[int, int, int]], buffers: bytearray, start: Iterable[int]
+) -> list[int]:
+    """Inductor's own estimate of the bytes alive at each position, from the buffers' lifetimes ``spans``.
+
+    Inductor estimates its graph's memory from its scheduler's buffers
+    (``torch._inductor.memory.estimate_peak_memory``), which knows nothing of
+    its later storage sharing: a concatenation's inputs and an output written
+    in place of an input are buffers of their own, a value realised for
+    several readers that one fused kernel reads counts while that kernel
+    runs, and a library call's outputs are all allocated where it runs.
+    ``spans`` are the lifetimes before any storage is shared.
+    """
+    nbytes, position, readers = sim.nbytes, phase.position, sim.index.readers
+    counted = list(spans)
+    if sim.call_outputs:
+        _allocate_with_calls(counted, phase, sim.call_outputs, set(start))
+    for cat in sim.fixed:
+        at = position[cat]
+        if at >= 0 and sim.inputs[cat]:  # the copy of its last input into its buffer, a buffer of its own
+            counted.append((at, at, sim.inputs[cat][-1]))
+    for v in phase.shared:
+        if not buffers[v] and nbytes[v]:
+            at = min((position[r] for r in readers[v] if position[r] >= 0), default=-1)
+            if at >= 0:
+                at = phase.kernel_end.get(at, at)
+                counted.append((at, at, v))
+    return _lifetime_totals(counted, nbytes, len(phase.order))
+
+
+def _lifetime_totals(spans: list[tuple[int, int, int]], nbytes: Sequence[int], positions: int) -> list[int]:
+    """The bytes alive at each position, given each buffer's span."""
+    change = [0] * (positions + 1)
+    for first, last, b in spans:
+        change[first] += nbytes[b]
+        change[last + 1] -= nbytes[b]
+    return list(itertools.accumulate(change[:-1]))
+
+
+def _holds_under_peak(
+    estimate: list[int], overall: int, nodes: list[int], freed_after: int, taker: int, size: int
+) -> bool:
+    """Whether Inductor hands a buffer freed after ``freed_after`` to the one allocated at ``taker``.
+
+    Its wrapper (``AllocateLine.should_reuse_buffer``) always does when no
+    kernel that allocates runs in between; otherwise only if holding the
+    buffer there keeps its own estimate (``estimate`` at the ``nodes``) within
+    that estimate's peak (``overall``), and then it counts the held bytes in
+    the estimate.  A declined buffer stays in the pool, freed where its last
+    reader ran unless a later buffer of its size takes it.
+    """
+    lo, hi = bisect.bisect_right(nodes, freed_after), bisect.bisect_left(nodes, taker)
+    if lo >= hi:
+        return True
+    between = nodes[lo:hi]
+    if size + max(estimate[k] for k in between) > overall:
+        return False
+    for k in between:
+        estimate[k] += size
+    return True
 
 
 def _unaligned_outputs(sim: _Simulator, phase: PhaseOrder, start: set[int]) -> set[int]:
@@ -744,19 +819,20 @@ def _run(
     copies = _concat_copies(sim, phase, keep) if sim.concats else set()
     copied = {cat: {s for s in sources if s in copies} for cat, sources in sim.concats.items()} if copies else None
     spans = _lifetimes(phase, buffers, start, keep, _last_uses(index, phase, buffers, available, copied))
+    copy_spans = [
+        (k, k, copy) for call, pooled in sim.input_copies.items() if (k := phase.position[call]) >= 0 for copy in pooled
+    ]
+    estimate = _inductor_estimate(sim, phase, spans + copy_spans, buffers, start)
     if sim.concats:
         _write_into_concats(spans, order, sim.concats, copies)
     donors = _reuse_in_place(spans, phase, index.kinds, nbytes, keep, sim.fixed)
     in_place = (set(donors), set(donors.values()))
-    for call, pooled in sim.input_copies.items():
-        k = phase.position[call]
-        if k >= 0:
-            spans.extend((k, k, copy) for copy in pooled)
+    spans.extend(copy_spans)
     start_set = set(start)
     unpooled = _unaligned_outputs(sim, phase, start_set) if sim.fallback_calls else set()
     if donors:
         _inputs_storage(unpooled, donors, spans, order, start_set)
-    _reuse_freed(spans, order, nbytes, sim.takes, keep, start_set, in_place, sim.values, unpooled)
+    _reuse_freed(spans, order, nbytes, sim.takes, keep, start_set, in_place, sim.values, unpooled, estimate)
     if sim.call_outputs:
         _allocate_with_calls(spans, phase, sim.call_outputs, start_set)
     change = [0] * (len(order) + 1)
