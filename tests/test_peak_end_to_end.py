@@ -5,7 +5,8 @@ half a minute each on the CPU), so there are three compiles in all.  The net
 is the one the issue measures, so the cap and the prediction are checked
 where the targets are set.  A small residual MLP stack, whose every
 allocation the model follows (in-place kernels, ``addmm``, realised residual
-sums), is checked to within 1%.
+sums), is checked to within 1%, and a small Llama, where Inductor declines
+to hold several freed buffers, to within 3%.
 """
 
 from __future__ import annotations
@@ -95,14 +96,18 @@ def test_auto_resolves_to_bytes_on_cuda() -> None:
     assert config.peak.max_bytes is not None and config.peak.max_bytes >= 0
 
 
-def _measure_module(model: torch.nn.Module, x: torch.Tensor, budget: str) -> tuple[int, object]:
-    """Measured step peak of ``model(x)`` compiled under ``budget``, and its one partition record."""
+def _measure_module(
+    model: torch.nn.Module, x: torch.Tensor | tuple[torch.Tensor, ...], budget: str
+) -> tuple[int, object]:
+    """Measured step peak of ``model(x)`` (``model(*x)`` for a tuple) compiled under ``budget``, and its one
+    partition record."""
+    inputs = x if isinstance(x, tuple) else (x,)
     torch.compiler.reset()
     compiled = torch.compile(model, backend="ckpt", options={"device": "h100", "memory_budget": budget})
     with compat.compile_caches_disabled(), record_partitions() as records:
-        compiled(x).backward()
+        compiled(*inputs).backward()
     model.zero_grad(set_to_none=True)
-    peak = peak_memory(lambda: compiled(x).backward()).bytes
+    peak = peak_memory(lambda: compiled(*inputs).backward()).bytes
     (record,) = [r for r in records if r.plan is not None]
     return peak, record
 
@@ -141,3 +146,17 @@ def test_the_peak_of_a_swiglu_stack_that_recomputes_its_gates_is_predicted_to_tw
     names = record.analysis.problem.names
     assert any(names[i].startswith("mm") for i in record.plan.recomputed), "the plan must recompute a projection"
     assert abs(record.peak.peak_bytes - peak) <= 0.02 * peak, (record.peak.peak_bytes, peak)
+
+
+def test_the_peak_of_a_small_llama_is_predicted_to_three_percent_where_inductor_declines_to_hold_buffers() -> None:
+    # At budget 0.5 Inductor frees several buffers after their last reader rather than hold them for a
+    # later buffer of their size, since holding them would raise its own estimate of the peak; counting
+    # them as held predicts this plan's peak 12% high. (Exact with torch 2.13; 2.7% low with 2.11.)
+    from benchmarks.models import model_spec
+
+    torch.manual_seed(0)
+    model = model_spec("llama").build("tiny")
+    inputs = model.make_inputs(torch.Generator().manual_seed(0), torch.device("cpu"), torch.float32)
+    peak, record = _measure_module(model, tuple(inputs), "0.5")
+    assert record.plan.recomputed, "the budget must make the plan recompute"
+    assert abs(record.peak.peak_bytes - peak) <= 0.03 * peak, (record.peak.peak_bytes, peak)
