@@ -670,7 +670,12 @@ def _reuse_freed(
 
 
 def _inductor_estimate(
-    sim: _Simulator, phase: PhaseOrder, spans: list[tuple[int, int, int]], buffers: bytearray, start: Iterable[int]
+    sim: _Simulator,
+    phase: PhaseOrder,
+    spans: list[tuple[int, int, int]],
+    copy_spans: list[tuple[int, int, int]],
+    buffers: bytearray,
+    start: set[int],
 ) -> list[int]:
     """Inductor's own estimate of the bytes alive at each position, from the buffers' lifetimes ``spans``.
 
@@ -680,12 +685,13 @@ def _inductor_estimate(
     in place of an input are buffers of their own, a value realised for
     several readers that one fused kernel reads counts while that kernel
     runs, and a library call's outputs are all allocated where it runs.
-    ``spans`` are the lifetimes before any storage is shared.
+    ``spans`` are the lifetimes before any storage is shared, ``copy_spans``
+    the library calls' pooled input copies.
     """
     nbytes, position, readers = sim.nbytes, phase.position, sim.index.readers
-    counted = list(spans)
+    counted = spans + copy_spans
     if sim.call_outputs:
-        _allocate_with_calls(counted, phase, sim.call_outputs, set(start))
+        _allocate_with_calls(counted, phase, sim.call_outputs, start)
     for cat in sim.fixed:
         at = position[cat]
         if at >= 0 and sim.inputs[cat]:  # the copy of its last input into its buffer, a buffer of its own
@@ -822,30 +828,25 @@ def _run(
     copy_spans = [
         (k, k, copy) for call, pooled in sim.input_copies.items() if (k := phase.position[call]) >= 0 for copy in pooled
     ]
-    estimate = _inductor_estimate(sim, phase, spans + copy_spans, buffers, start)
+    start_set = set(start)
+    estimate = _inductor_estimate(sim, phase, spans, copy_spans, buffers, start_set)
     if sim.concats:
         _write_into_concats(spans, order, sim.concats, copies)
     donors = _reuse_in_place(spans, phase, index.kinds, nbytes, keep, sim.fixed)
     in_place = (set(donors), set(donors.values()))
     spans.extend(copy_spans)
-    start_set = set(start)
     unpooled = _unaligned_outputs(sim, phase, start_set) if sim.fallback_calls else set()
     if donors:
         _inputs_storage(unpooled, donors, spans, order, start_set)
     _reuse_freed(spans, order, nbytes, sim.takes, keep, start_set, in_place, sim.values, unpooled, estimate)
     if sim.call_outputs:
         _allocate_with_calls(spans, phase, sim.call_outputs, start_set)
-    change = [0] * (len(order) + 1)
-    for first, last, b in spans:
-        change[first] += nbytes[b]
-        change[last + 1] -= nbytes[b]
+    totals = _lifetime_totals(spans, nbytes, len(order))
     position = phase.position
-    for value, extra in scratch.items():
+    for value, extra in scratch.items():  # a library call's working memory, while it runs
         k = position[value]
         if k >= 0:
-            change[k] += extra
-            change[k + 1] -= extra
-    totals = list(itertools.accumulate(change[:-1]))
+            totals[k] += extra
     peak = max(totals)
     if not named:
         return _Phase(peak)
