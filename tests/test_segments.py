@@ -1,11 +1,25 @@
-"""Segment boundaries: the frontiers of the forward, and the pins that cut it into equal parts."""
+"""Segment boundaries: the frontiers of the forward, and the pins that cut it into equal or balanced parts."""
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ckpt.partitioner import peak_search
 from ckpt.partitioner.peak import Materialise, PeakGraph, simulate_peak
 from ckpt.partitioner.peak_search import budget_peak, cap_peak
 from ckpt.partitioner.problem import Problem
-from ckpt.partitioner.segments import forward_frontiers, segment_pin_sets, segment_pins
+from ckpt.partitioner.segments import (
+    SEGMENT_COUNTS,
+    forward_frontiers,
+    segment_loads,
+    segment_pin_sets,
+    segment_pins,
+)
 from ckpt.partitioner.solver import solve
 from tests.test_peak import chain_problem, predicted, solver_for
 
@@ -49,10 +63,10 @@ def test_a_chain_s_frontiers_are_its_activations() -> None:
     problem, graph = chain_problem(5)
     cuts = forward_frontiers(problem, graph)
     frontiers = cuts.frontiers
-    assert cuts.total_bytes == 50
+    assert cuts.total_held == 50
     # after h_k only h_k is read later (x is a graph input, free to keep); h5 is read by no forward value
     assert [sorted(f.values) for f in frontiers] == [[1], [2], [3], [4]]
-    assert [f.before for f in frontiers] == [10, 20, 30, 40]
+    assert [f.held for f in frontiers] == [10, 20, 30, 40]
     assert all(f.cost == 10 for f in frontiers)
 
 
@@ -65,24 +79,26 @@ def test_a_skip_connection_stays_in_the_frontier_until_it_is_read() -> None:
     assert frontiers == {"a": ["a"], "b": ["a", "b"], "c": ["a", "c"]}
 
 
-def test_segment_pins_cut_at_equal_shares_of_the_forward() -> None:
+def test_without_gradients_the_segments_are_equal_but_for_the_cuts_saved_before_them() -> None:
+    # Nine layers of 10 bytes: the backward runs the last segment beside every saved cut, so it is
+    # shorter by the cuts' bytes.
     problem, graph = chain_problem(9)
-    frontiers = forward_frontiers(problem, graph)
-    assert segment_pins(frontiers, 1) == frozenset()
-    assert segment_pins(frontiers, 3) == frozenset({3, 6})  # 30 and 60 of 90 bytes
-    assert segment_pins(frontiers, 2) == frozenset({4})  # 45 bytes: h4 (40) and h5 (50) are as near; h4 is earlier
+    cuts = replace(forward_frontiers(problem, graph), gradients=())
+    assert segment_pins(cuts, 1) == frozenset()
+    assert segment_pins(cuts, 2) == frozenset({5})  # 50 | 40 + the cut's 10
+    assert segment_pins(cuts, 3) == frozenset({4, 7})  # 40 | 30 + 10 | 20 + 20
     sets = segment_pin_sets(problem, graph)
-    assert len(sets) == len(set(sets)) and sets[0] == frozenset({4})
+    assert len(sets) == len(set(sets)) and len(sets[0]) == 1
 
 
-def stack_problem(layers: int, boundary: int = 10, inner: int = 40) -> tuple[Problem, PeakGraph]:
+def stack_problem(layers: int, boundary: int = 10, inner: int = 40, weight: int = 1) -> tuple[Problem, PeakGraph]:
     """A stack of blocks ``h_{k-1} -> m_k -> h_k``: a large, costly inner value and a small boundary.
 
     Like a transformer's MLP hidden state and residual stream: the backward
     reads both, and ``m_k`` costs 100 to recompute against 1 for ``h_k``, so
     the fastest plan under a tight budget saves inner values and recomputes
     the boundaries.  Each layer's backward makes ``gh_k`` (reads ``h_k``),
-    ``gm_k`` (reads ``m_k``) and a 1-byte weight gradient ``w_k``.
+    ``gm_k`` (reads ``m_k``) and a weight gradient ``w_k`` of ``weight`` bytes.
     """
     names, sizes, kinds = ["x"], [0], [X]
     inputs: list[tuple[int, ...]] = [()]
@@ -104,7 +120,7 @@ def stack_problem(layers: int, boundary: int = 10, inner: int = 40) -> tuple[Pro
     for k in range(layers, 0, -1):
         m, h = 2 * k - 1, 2 * k
         names += [f"gh{k}", f"gm{k}", f"w{k}"]
-        sizes += [boundary, inner, 1]
+        sizes += [boundary, inner, weight]
         kinds += [B, B, B]
         inputs += [(h, gradient), (m, len(names) - 3), (m - 1, len(names) - 2)]
         backward += [True, True, True]
@@ -156,3 +172,62 @@ def test_segment_cuts_lower_the_peak_where_one_pin_at_a_time_cannot() -> None:
     capped = cap_peak(problem, graph, solve_pinned, 80, peak_cap=fastest // 2)
     assert capped.within_cap and capped.plan.bytes <= 80
     assert capped.prediction.peak_bytes == simulate_peak(graph, capped.plan.saved, capped.plan.recomputed).peak_bytes
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    layers=st.integers(2, 9),
+    segments=st.integers(2, 5),
+    weight=st.integers(0, 12),
+    size=st.integers(1, 12),
+)
+def test_on_a_chain_the_segments_hold_no_more_at_their_largest_than_any_other_cuts(
+    layers: int, segments: int, weight: int, size: int
+) -> None:
+    # Every frontier of a chain costs the same: the greedy cuts are optimal.  Brute force over every
+    # set of at most ``segments - 1`` cuts.
+    problem, graph = chain_problem(layers, size)
+    graph = replace(graph, bytes=tuple(weight if v in graph.gradients else b for v, b in enumerate(graph.bytes)))
+    cuts = forward_frontiers(problem, graph)
+    pins = segment_pins(cuts, segments)
+    chosen = [f for f in cuts.frontiers if f.values <= pins]
+    assert len(chosen) <= segments - 1 and pins == frozenset(v for f in chosen for v in f.values)
+    best = min(
+        max(segment_loads(cuts, subset))
+        for count in range(segments)
+        for subset in itertools.combinations(cuts.frontiers, count)
+    )
+    assert max(segment_loads(cuts, chosen)) == best
+
+
+def test_a_stack_s_balanced_segments_grow_towards_its_end() -> None:
+    problem, graph = stack_problem(16, weight=25)
+    cuts = forward_frontiers(problem, graph)
+    assert cuts.total_held == 16 * 50 and sum(b for _, b in cuts.gradients) == 16 * 25
+    cut = sorted(int(problem.names[v][1:]) for v in segment_pins(cuts, 4))  # boundary h_k of layer k
+    assert all(problem.names[v].startswith("h") for v in segment_pins(cuts, 4))
+    lengths = [b - a for a, b in zip([0, *cut], [*cut, 16])]
+    assert lengths == sorted(lengths) and lengths[0] < lengths[-1]
+    equal = sorted(int(problem.names[v][1:]) for v in segment_pins(replace(cuts, gradients=()), 4))
+    assert equal == [4, 8, 12]  # without the gradients: equal shares
+
+
+def test_segments_balanced_against_the_weight_gradients_keep_a_cap_equal_ones_cannot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each layer's weight gradient is half what its backward reads (as on a deep MLP): an early
+    # segment is recomputed beside the gradients of every later layer, so equal segments peak
+    # in the first one.  Under a budget of two boundaries, balanced segments keep a cap of 520;
+    # with equal segments only, the lowest peak the search finds is 540.
+    problem, graph = stack_problem(16, weight=25)
+    capped = cap_peak(problem, graph, solver_for(problem), 20, peak_cap=520)
+    assert capped.within_cap and capped.plan.bytes <= 20
+    assert capped.prediction.peak_bytes == simulate_peak(graph, capped.plan.saved, capped.plan.recomputed).peak_bytes
+
+    def equal_only(problem: Problem, graph: PeakGraph) -> tuple[frozenset[int], ...]:
+        cuts = replace(forward_frontiers(problem, graph), gradients=())
+        return tuple(dict.fromkeys(p for p in (segment_pins(cuts, k) for k in SEGMENT_COUNTS) if p))
+
+    monkeypatch.setattr(peak_search, "segment_pin_sets", equal_only)
+    without = cap_peak(problem, graph, solver_for(problem), 20, peak_cap=520)
+    assert not without.within_cap and without.lowest_peak == 540
