@@ -15,10 +15,11 @@ from ckpt.partitioner.peak_search import budget_peak, cap_peak
 from ckpt.partitioner.problem import Problem
 from ckpt.partitioner.segments import (
     SEGMENT_COUNTS,
+    balanced_pins,
+    equal_pins,
     forward_frontiers,
     segment_loads,
     segment_pin_sets,
-    segment_pins,
 )
 from ckpt.partitioner.solver import solve
 from tests.test_peak import chain_problem, predicted, solver_for
@@ -79,16 +80,29 @@ def test_a_skip_connection_stays_in_the_frontier_until_it_is_read() -> None:
     assert frontiers == {"a": ["a"], "b": ["a", "b"], "c": ["a", "c"]}
 
 
-def test_without_gradients_the_segments_are_equal_but_for_the_cuts_saved_before_them() -> None:
+def test_equal_pins_cut_at_equal_shares_of_the_forward() -> None:
+    problem, graph = chain_problem(9)
+    frontiers = forward_frontiers(problem, graph)
+    assert equal_pins(frontiers, 1) == frozenset()
+    assert equal_pins(frontiers, 3) == frozenset({3, 6})  # 30 and 60 of 90 bytes
+    assert equal_pins(frontiers, 2) == frozenset({4})  # 45 bytes: h4 (40) and h5 (50) are as near; h4 is earlier
+    sets = segment_pin_sets(problem, graph)  # the gradients are a tenth of the chain's bytes: equal segments only
+    assert len(sets) == len(set(sets)) and sets[0] == frozenset({4})
+    assert all(
+        balanced_pins(frontiers, k) not in sets
+        for k in (2, 3)
+        if balanced_pins(frontiers, k) != equal_pins(frontiers, k)
+    )
+
+
+def test_without_gradients_the_balanced_segments_are_equal_but_for_the_cuts_saved_before_them() -> None:
     # Nine layers of 10 bytes: the backward runs the last segment beside every saved cut, so it is
     # shorter by the cuts' bytes.
     problem, graph = chain_problem(9)
     cuts = replace(forward_frontiers(problem, graph), gradients=())
-    assert segment_pins(cuts, 1) == frozenset()
-    assert segment_pins(cuts, 2) == frozenset({5})  # 50 | 40 + the cut's 10
-    assert segment_pins(cuts, 3) == frozenset({4, 7})  # 40 | 30 + 10 | 20 + 20
-    sets = segment_pin_sets(problem, graph)
-    assert len(sets) == len(set(sets)) and len(sets[0]) == 1
+    assert balanced_pins(cuts, 1) == frozenset()
+    assert balanced_pins(cuts, 2) == frozenset({5})  # 50 | 40 + the cut's 10
+    assert balanced_pins(cuts, 3) == frozenset({4, 7})  # 40 | 30 + 10 | 20 + 20
 
 
 def stack_problem(layers: int, boundary: int = 10, inner: int = 40, weight: int = 1) -> tuple[Problem, PeakGraph]:
@@ -155,7 +169,7 @@ def test_the_stack_s_frontiers_are_its_boundaries() -> None:
     problem, graph = stack_problem(4)
     frontiers = forward_frontiers(problem, graph)
     assert [problem.names[f.position] for f in frontiers.frontiers] == ["m1", "h1", "m2", "h2", "m3", "h3", "m4"]
-    assert segment_pins(frontiers, 2) == frozenset({problem.names.index("h2")})
+    assert equal_pins(frontiers, 2) == frozenset({problem.names.index("h2")})
 
 
 def test_segment_cuts_lower_the_peak_where_one_pin_at_a_time_cannot() -> None:
@@ -189,7 +203,7 @@ def test_on_a_chain_the_segments_hold_no_more_at_their_largest_than_any_other_cu
     problem, graph = chain_problem(layers, size)
     graph = replace(graph, bytes=tuple(weight if v in graph.gradients else b for v, b in enumerate(graph.bytes)))
     cuts = forward_frontiers(problem, graph)
-    pins = segment_pins(cuts, segments)
+    pins = balanced_pins(cuts, segments)
     chosen = [f for f in cuts.frontiers if f.values <= pins]
     assert len(chosen) <= segments - 1 and pins == frozenset(v for f in chosen for v in f.values)
     best = min(
@@ -204,12 +218,13 @@ def test_a_stack_s_balanced_segments_grow_towards_its_end() -> None:
     problem, graph = stack_problem(16, weight=25)
     cuts = forward_frontiers(problem, graph)
     assert cuts.total_held == 16 * 50 and sum(b for _, b in cuts.gradients) == 16 * 25
-    cut = sorted(int(problem.names[v][1:]) for v in segment_pins(cuts, 4))  # boundary h_k of layer k
-    assert all(problem.names[v].startswith("h") for v in segment_pins(cuts, 4))
+    cut = sorted(int(problem.names[v][1:]) for v in balanced_pins(cuts, 4))  # boundary h_k of layer k
+    assert all(problem.names[v].startswith("h") for v in balanced_pins(cuts, 4))
     lengths = [b - a for a, b in zip([0, *cut], [*cut, 16])]
     assert lengths == sorted(lengths) and lengths[0] < lengths[-1]
-    equal = sorted(int(problem.names[v][1:]) for v in segment_pins(replace(cuts, gradients=()), 4))
-    assert equal == [4, 8, 12]  # without the gradients: equal shares
+    equal = sorted(int(problem.names[v][1:]) for v in equal_pins(cuts, 4))
+    assert equal == [4, 8, 12]
+    assert balanced_pins(cuts, 4) in segment_pin_sets(problem, graph)  # the gradients are half the held bytes
 
 
 def test_segments_balanced_against_the_weight_gradients_keep_a_cap_equal_ones_cannot(
@@ -225,8 +240,8 @@ def test_segments_balanced_against_the_weight_gradients_keep_a_cap_equal_ones_ca
     assert capped.prediction.peak_bytes == simulate_peak(graph, capped.plan.saved, capped.plan.recomputed).peak_bytes
 
     def equal_only(problem: Problem, graph: PeakGraph) -> tuple[frozenset[int], ...]:
-        cuts = replace(forward_frontiers(problem, graph), gradients=())
-        return tuple(dict.fromkeys(p for p in (segment_pins(cuts, k) for k in SEGMENT_COUNTS) if p))
+        cuts = forward_frontiers(problem, graph)
+        return tuple(dict.fromkeys(p for p in (equal_pins(cuts, k) for k in SEGMENT_COUNTS) if p))
 
     monkeypatch.setattr(peak_search, "segment_pin_sets", equal_only)
     without = cap_peak(problem, graph, solver_for(problem), 20, peak_cap=520)

@@ -11,21 +11,22 @@ from what came before it.  On a stack of blocks the cheapest frontiers are
 the block outputs (the residual stream); with long skip connections (a
 U-Net) they also hold the skips that are still open.
 
-:func:`segment_pins` splits the forward into at most ``k`` segments.  While
+:func:`equal_pins` splits the forward into ``k`` segments of about equal
+activation bytes, each cut at the cheapest frontier near its place: Chen's
+segments.  They suit a graph whose backward holds little besides the
+recomputed segment.  But the weight gradients stay alive from where the
+backward makes them to its end, so an early segment is recomputed beside the
+gradients of everything after it.  :func:`balanced_pins` cuts for that: while
 the backward runs segment ``[s, e)`` it holds the segment's recomputed
 values, ``H(e) - H(s)`` (``H``: the bytes of the values the backward reads,
-summed along the forward), the cuts saved up to ``s``, and the gradients of
-the weights made from ``s`` on, ``G(s)``, which stay alive to the
-backward's end.  The cuts make the largest of these loads as small as the
-search finds (:func:`segment_loads`).  Chen's segments are equal shares of
-``H``; the gradients make an early segment, recomputed beside the gradients
-of everything after it, cost as much as a later, longer one, so the segments
-grow towards the end, and the cut costs steer the cuts to cheap frontiers.
-On the benchmarks' deep MLP, whose weight gradients are half of what its
-backward reads, each segment is about 1.5x the one before, and at a budget
-of 0.1 (three cuts) the plan's predicted peak is 2 MiB (10%) lower than with
-the equal shares of the forward's activation bytes the search offered
-before.
+summed along the forward), the cuts saved up to ``s``, and the gradients
+made from ``s`` on, ``G(s)``; the cuts make the largest of these loads as
+small as the search finds (:func:`segment_loads`), so the segments grow
+towards the end, and cheap frontiers are preferred.  Where the gradients are
+a large share of what the backward reads (:data:`BALANCED_SHARE`), both are
+offered: on the benchmarks' deep MLP (gradients half of what its backward
+reads; segments about 1.5x the one before) the plan at a budget of 0.1 is
+predicted 20.29 MiB against 22.28 with equal segments alone.
 
 The peak search (:mod:`ckpt.partitioner.peak_search`) offers such pins for a
 few ``k`` to the solver, which fills the rest of the budget as usual: the
@@ -47,19 +48,28 @@ from ckpt.partitioner.peak import PeakGraph
 from ckpt.partitioner.problem import Problem
 
 __all__ = [
+    "BALANCED_SHARE",
     "SEGMENT_COUNTS",
     "ForwardCuts",
     "Frontier",
+    "equal_pins",
     "forward_frontiers",
     "segment_loads",
     "segment_pin_sets",
-    "segment_pins",
+    "balanced_pins",
 ]
 
 # Segment counts offered to the solver: about sqrt(2) apart, up to 32 segments (a coarser
 # ladder misses the best cut of small stacks).  Each is one solve; the search stops at the
 # first plan within its cap, or over its budget.
 SEGMENT_COUNTS = (2, 3, 4, 6, 8, 11, 16, 23, 32)
+# The balanced segments are offered beside the equal ones where the weight gradients are at least this
+# share of the bytes the backward reads.  Each set is one more solve.  On the benchmark models the
+# balanced segments alone lowered the measured peak of the deep MLP (share 0.51: at budget 0.1, 21.28
+# MiB against 23.28) and raised it on Llama (0.18) and ViT (0.30) at 0.25, where the equal ones
+# found plans the peak model preferred; offered beside them on every graph they doubled the planning
+# time of a 28-layer transformer.
+BALANCED_SHARE = 0.4
 BISECTIONS = 40  # steps of the search for the smallest load: to 2**-40 of its range
 
 
@@ -68,17 +78,18 @@ class Frontier:
     """A cut of the forward after ``position``: the values it must save, and where it falls."""
 
     position: int  # a problem value; the cut is just after it
-    held: int  # bytes of the values the backward reads, computed up to and including ``position``
+    before: int  # activation bytes the forward computes up to and including ``position``
     cost: int  # bytes of ``values``
     values: frozenset[int]  # savable values computed up to ``position`` and read after it
+    held: int = 0  # of ``before``, the bytes of values the backward reads
 
 
 @dataclass(frozen=True)
 class ForwardCuts:
-    """The forward's non-empty frontiers in topological order, the bytes it holds for the backward, its gradients.
+    """The forward's non-empty frontiers in topological order, its bytes, and its gradients.
 
-    ``total_held``: the bytes of the values the forward computes that the
-    backward reads.  ``gradients``:
+    ``total_bytes``: the activation bytes the forward computes;
+    ``total_held``: of those, the values the backward reads.  ``gradients``:
     ``(place, bytes)`` for each gradient the backward returns, ``place`` the
     held bytes before the earliest value the forward computes that the
     gradient reads (directly, or through the backward's own values): the
@@ -88,7 +99,8 @@ class ForwardCuts:
     """
 
     frontiers: tuple[Frontier, ...]
-    total_held: int
+    total_bytes: int
+    total_held: int = 0
     gradients: tuple[tuple[int, int], ...] = ()
 
 
@@ -109,13 +121,14 @@ def forward_frontiers(problem: Problem, graph: PeakGraph) -> ForwardCuts:
                 last_read[p] = max(last_read[p], i)
     frontiers: list[Frontier] = []
     open_values: set[int] = set()
-    held = 0
+    before = held = 0
     place: dict[int, int] = {}  # graph value -> the held bytes before it
     for t, is_forward in enumerate(forward):
         if not is_forward:
             continue
         if problem.can_recompute[t]:  # computed by the forward (graph inputs, the weights, are not placed)
             place[index[t]] = held
+        before += problem.save_bytes[t]
         held += problem.save_bytes[t] if problem.needed[t] else 0
         open_values.add(t)
         open_values = {u for u in open_values if last_read[u] > t}
@@ -123,8 +136,8 @@ def forward_frontiers(problem: Problem, graph: PeakGraph) -> ForwardCuts:
             u for u in open_values if problem.can_save[u] and problem.can_recompute[u] and problem.save_bytes[u] > 0
         )
         if values:
-            frontiers.append(Frontier(t, held, sum(problem.save_bytes[u] for u in values), values))
-    return ForwardCuts(tuple(frontiers), held, _gradient_places(graph, place, held))
+            frontiers.append(Frontier(t, before, sum(problem.save_bytes[u] for u in values), values, held))
+    return ForwardCuts(tuple(frontiers), before, held, _gradient_places(graph, place, held))
 
 
 def _gradient_places(graph: PeakGraph, place: dict[int, int], total: int) -> tuple[tuple[int, int], ...]:
@@ -186,7 +199,7 @@ def _cuts_within(cuts: ForwardCuts, load: float, segments: int, later: Callable[
     return chosen
 
 
-def segment_pins(cuts: ForwardCuts, segments: int) -> frozenset[int]:
+def balanced_pins(cuts: ForwardCuts, segments: int) -> frozenset[int]:
     """The values that cut the forward into at most ``segments`` parts, the most any holds as small as found.
 
     The smallest ``load`` for which :func:`_cuts_within` finds cuts, by
@@ -209,12 +222,40 @@ def segment_pins(cuts: ForwardCuts, segments: int) -> frozenset[int]:
     return frozenset(v for cut in best for v in cut.values)
 
 
+def equal_pins(cuts: ForwardCuts, segments: int) -> frozenset[int]:
+    """The values that cut the forward into ``segments`` parts of about equal activation bytes.
+
+    Cut ``j`` is the cheapest frontier within half a segment of ``j / segments``
+    of the forward's bytes (ties: the one nearest that point, then the
+    earliest).
+    """
+    frontiers, total = cuts.frontiers, cuts.total_bytes
+    if segments < 2 or not frontiers:
+        return frozenset()
+    before = [f.before for f in frontiers]
+    pins: set[int] = set()
+    for j in range(1, segments):
+        target = j * total / segments
+        low = bisect.bisect_left(before, target - total / (2 * segments))
+        high = bisect.bisect_right(before, target + total / (2 * segments))
+        if low < high:
+            cut = min(frontiers[low:high], key=lambda f: (f.cost, abs(f.before - target), f.position))
+            pins |= cut.values
+    return frozenset(pins)
+
+
 def segment_pin_sets(problem: Problem, graph: PeakGraph) -> tuple[frozenset[int], ...]:
-    """Distinct pin sets for :data:`SEGMENT_COUNTS`, in that order (more segments, more pins)."""
+    """Distinct pin sets for :data:`SEGMENT_COUNTS`, in that order (more segments, more pins).
+
+    For each count the equal segments (:func:`equal_pins`), and, where the
+    weight gradients are at least :data:`BALANCED_SHARE` of what the backward
+    reads, the balanced ones (:func:`balanced_pins`) after them.
+    """
     cuts = forward_frontiers(problem, graph)
+    balanced = sum(b for _, b in cuts.gradients) >= BALANCED_SHARE * cuts.total_held
     sets: list[frozenset[int]] = []
     for count in SEGMENT_COUNTS:
-        pins = segment_pins(cuts, count)
-        if pins and pins not in sets:
-            sets.append(pins)
+        for pins in (equal_pins(cuts, count), balanced_pins(cuts, count) if balanced else frozenset()):
+            if pins and pins not in sets:
+                sets.append(pins)
     return tuple(sets)
