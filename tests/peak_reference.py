@@ -475,14 +475,28 @@ def _run(
         calls.setdefault(call, []).append(output)
 
     # Values Inductor realises for several readers that one kernel reads: no storage, but its own
-    # estimate counts them where that kernel runs (at a joined kernel's last value).
+    # estimate counts them where that kernel runs (at a joined kernel's last value); a reader
+    # inlined into its own readers is no kernel: the kernel is where the inlined chain ends.
     reused = _reads(graph, order)[0]
+    in_phase = set(order)
     local: dict[int, int] = {}  # position -> bytes
     for i in order:
         if (graph.kinds[i] is Materialise.RANDOM or i in reused) and i not in buffers and nbytes[i]:
-            first = next((k for k, r in enumerate(order) if i in graph.inputs[r]), None)
-            if first is not None:
-                at = kernel_end[kernels[order[first]]] if order[first] in kernels else first
+            ends: list[int] = []
+            seen: set[int] = set()
+            stack = [r for r in order if i in graph.inputs[r]]
+            while stack:
+                value = stack.pop()
+                if value in seen:
+                    continue
+                seen.add(value)
+                ran = graph.kinds[value] is Materialise.RANDOM or value in reused
+                if graph.kinds[value] in _INLINED and value not in buffers and not ran:
+                    stack.extend(r for r in order if value in graph.inputs[r] and r in in_phase)
+                else:
+                    ends.append(kernel_end[kernels[value]] if value in kernels else where[value])
+            if ends:
+                at = min(ends)
                 local[at] = local.get(at, 0) + nbytes[i]
     # A concatenation's inputs are copied into its buffer by kernels of their own; the estimate counts
     # the last copy, a buffer of its input's size, while the concatenation runs.

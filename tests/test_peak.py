@@ -308,6 +308,23 @@ def test_a_freed_buffer_is_held_only_where_inductors_own_estimate_of_the_peak_al
     assert held == reference.simulate_peak(graph, (), ())
 
 
+def test_inductors_estimate_counts_a_value_realised_for_one_kernel_where_that_kernel_runs() -> None:
+    # h computes a heavy op and two pointwise values read it, so Inductor realises it; both are inlined
+    # into k, so h lives inside k's kernel: Inductor's estimate counts its 60 bytes while k runs (with b,
+    # which k's kernel reads through h, and k), and peaks there at 85.  Holding a (dead at b) through k
+    # for c, a kernel output of its size, would take the estimate above that, so a is freed and the
+    # peak is the library call y's working memory beside k and y.  Counted where its first reader is
+    # (r1, inlined), h would leave room to hold a: 10 bytes more.
+    names = ["x", "a", "b", "h", "r1", "r2", "k", "y", "c", "out"]
+    inputs = [(), (0,), (1,), (2,), (3,), (3,), (4, 5), (6,), (7,), (8,)]
+    graph = forward_only(names, [X, B, B, F, F, F, F, B, F, B], inputs, [0, 10, 20, 60, 60, 60, 5, 1, 10, 1])
+    graph = dataclasses.replace(graph, heavy_ops=frozenset({3}), scratch=(0,) * 7 + (2000, 0, 0))
+    prediction = simulate_peak(graph, (), ())
+    assert prediction.node == "y" and prediction.forward_bytes == 2000 + 5 + 1
+    assert "a" not in dict(prediction.alive)
+    assert prediction == reference.simulate_peak(graph, (), ())
+
+
 def test_a_library_calls_input_copy_is_held_for_a_later_buffer_of_its_size() -> None:
     # conv reads a copy of the parameter w (8 bytes, part of its scratch); after conv the copy goes to
     # Inductor's pool, and c, a kernel output of its size, takes it after the library call big (whose

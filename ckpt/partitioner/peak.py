@@ -688,7 +688,7 @@ def _inductor_estimate(
     ``spans`` are the lifetimes before any storage is shared, ``copy_spans``
     the library calls' pooled input copies.
     """
-    nbytes, position, readers = sim.nbytes, phase.position, sim.index.readers
+    nbytes, position = sim.nbytes, phase.position
     counted = spans + copy_spans
     if sim.call_outputs:
         _allocate_with_calls(counted, phase, sim.call_outputs, start)
@@ -698,9 +698,8 @@ def _inductor_estimate(
             counted.append((at, at, sim.inputs[cat][-1]))
     for v in phase.shared:
         if not buffers[v] and nbytes[v]:
-            at = min((position[r] for r in readers[v] if position[r] >= 0), default=-1)
+            at = sim.index.first_kernel(v, phase, buffers)
             if at >= 0:
-                at = phase.kernel_end.get(at, at)
                 counted.append((at, at, v))
     return _lifetime_totals(counted, nbytes, len(phase.order))
 

@@ -707,6 +707,31 @@ class GraphIndex:
             if not buffers[i] and self._read_by_two_kernels(i, phase.position, kernels, phase.kernel_end):
                 buffers[i] = kernels[i] = 1
 
+    def first_kernel(self, i: int, phase: PhaseOrder, buffers: bytearray) -> int:
+        """The position of the first kernel that reads ``i`` (its last value, if joined), or -1 if none does.
+
+        A reader inlined into its own readers is no kernel: the kernel is
+        where the chain of inlined values ends (``buffers``, or a value the
+        phase realises).  Inductor's memory estimate counts a value realised
+        for one kernel while that kernel runs.
+        """
+        readers, inlined, position = self.readers, self.inlined, phase.position
+        shared = set(phase.shared)
+        first = -1
+        seen: set[int] = set()
+        stack = [r for r in readers[i] if position[r] >= 0]
+        while stack:
+            value = stack.pop()
+            if value in seen:
+                continue
+            seen.add(value)
+            if inlined[value] and not buffers[value] and value not in shared:
+                stack.extend(r for r in readers[value] if position[r] >= 0)
+            else:
+                at = phase.kernel_end.get(position[value], position[value])
+                first = at if first < 0 else min(first, at)
+        return first
+
     def _read_by_two_kernels(self, i: int, position: list[int], kernels_at: bytearray, joined: dict[int, int]) -> bool:
         """Whether two kernels read ``i``: two kernels (``kernels_at``) downstream of it through inlined values.
 
