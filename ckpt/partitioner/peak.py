@@ -696,9 +696,12 @@ def _inductor_estimate(
         at = position[cat]
         if at >= 0 and sim.inputs[cat]:  # the copy of its last input into its buffer, a buffer of its own
             counted.append((at, at, sim.inputs[cat][-1]))
+    kernels_at = bytearray(buffers)  # what ends a chain of inlined values: buffers and realised values
+    for v in phase.shared:
+        kernels_at[v] = 1
     for v in phase.shared:
         if not buffers[v] and nbytes[v]:
-            at = sim.index.first_kernel(v, phase, buffers)
+            at = sim.index.first_kernel(v, phase, kernels_at)
             if at >= 0:
                 counted.append((at, at, v))
     return _lifetime_totals(counted, nbytes, len(phase.order))

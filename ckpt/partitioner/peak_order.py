@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 __all__ = ["BUFFER", "FREE", "FUSIBLE", "RANDOM", "REDUCTION", "GraphIndex", "PhaseOrder"]
@@ -707,41 +707,14 @@ class GraphIndex:
             if not buffers[i] and self._read_by_two_kernels(i, phase.position, kernels, phase.kernel_end):
                 buffers[i] = kernels[i] = 1
 
-    def first_kernel(self, i: int, phase: PhaseOrder, buffers: bytearray) -> int:
-        """The position of the first kernel that reads ``i`` (its last value, if joined), or -1 if none does.
+    def _kernels_reading(self, i: int, position: list[int], kernels_at: bytearray) -> Iterator[int]:
+        """The kernels that read ``i``: its readers, through those inlined into their own readers.
 
-        A reader inlined into its own readers is no kernel: the kernel is
-        where the chain of inlined values ends (``buffers``, or a value the
-        phase realises).  Inductor's memory estimate counts a value realised
-        for one kernel while that kernel runs.
-        """
-        readers, inlined, position = self.readers, self.inlined, phase.position
-        shared = set(phase.shared)
-        first = -1
-        seen: set[int] = set()
-        stack = [r for r in readers[i] if position[r] >= 0]
-        while stack:
-            value = stack.pop()
-            if value in seen:
-                continue
-            seen.add(value)
-            if inlined[value] and not buffers[value] and value not in shared:
-                stack.extend(r for r in readers[value] if position[r] >= 0)
-            else:
-                at = phase.kernel_end.get(position[value], position[value])
-                first = at if first < 0 else min(first, at)
-        return first
-
-    def _read_by_two_kernels(self, i: int, position: list[int], kernels_at: bytearray, joined: dict[int, int]) -> bool:
-        """Whether two kernels read ``i``: two kernels (``kernels_at``) downstream of it through inlined values.
-
-        Values joined in one kernel (``joined``: a value's position -> its
-        kernel's last) are one kernel: a value that only they read, such as
-        a recomputed SwiGLU's activation that the down projection's input and
-        the up projection's gradient read, stays inside it.
+        A reader inlined into its readers is no kernel: the kernel is where the
+        chain of inlined values ends (``kernels_at``: buffers and realised
+        values, or a value that is never inlined).  Each is yielded once.
         """
         readers, inlined = self.readers, self.inlined
-        kernels: set[int] = set()
         seen: set[int] = set()
         stack = [r for r in readers[i] if position[r] >= 0]
         while stack:
@@ -752,8 +725,31 @@ class GraphIndex:
             if inlined[value] and not kernels_at[value]:
                 stack.extend(r for r in readers[value] if position[r] >= 0)
             else:
-                at = position[value]
-                kernels.add(-1 - joined[at] if at in joined else value)
-                if len(kernels) > 1:
-                    return True
+                yield value
+
+    def first_kernel(self, i: int, phase: PhaseOrder, kernels_at: bytearray) -> int:
+        """The position of the first kernel that reads ``i`` (its last value, if joined), or -1 if none does.
+
+        ``kernels_at``: the phase's buffers and the values it realises
+        (:meth:`_kernels_reading`).  Inductor's memory estimate counts a value
+        realised for one kernel while that kernel runs.
+        """
+        position, ends = phase.position, phase.kernel_end
+        kernels = self._kernels_reading(i, position, kernels_at)
+        return min((ends.get(position[v], position[v]) for v in kernels), default=-1)
+
+    def _read_by_two_kernels(self, i: int, position: list[int], kernels_at: bytearray, joined: dict[int, int]) -> bool:
+        """Whether two kernels read ``i``: two kernels (``kernels_at``) downstream of it through inlined values.
+
+        Values joined in one kernel (``joined``: a value's position -> its
+        kernel's last) are one kernel: a value that only they read, such as
+        a recomputed SwiGLU's activation that the down projection's input and
+        the up projection's gradient read, stays inside it.
+        """
+        kernels: set[int] = set()
+        for value in self._kernels_reading(i, position, kernels_at):
+            at = position[value]
+            kernels.add(-1 - joined[at] if at in joined else value)
+            if len(kernels) > 1:
+                return True
         return False
