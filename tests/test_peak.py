@@ -28,6 +28,7 @@ from ckpt.partitioner.peak_search import (
 )
 from ckpt.partitioner.plan import Plan
 from ckpt.partitioner.problem import Problem
+from ckpt.partitioner.segments import segment_pin_sets
 from ckpt.partitioner.solver import solve
 from tests import peak_reference as reference
 from tests.joint import TEST_PROFILE, CausalSelfAttention, trace_joint
@@ -1041,6 +1042,32 @@ def test_segment_plans_bounded_by_a_peak_leave_out_only_plans_at_or_above_it(lay
     assert [c for c in every if c.prediction.peak_bytes < below] == [
         c for c in bounded if c.prediction.peak_bytes < below
     ]
+
+
+def test_segment_plans_skip_the_boundaries_the_solvers_plan_already_saves() -> None:
+    # Without a budget the fastest plan saves every layer, so every set of boundaries is saved
+    # already: no pinned solve is needed (on a 28-layer transformer they were most of its planning
+    # time).  Under a budget of 40 bytes it saves few, and each segment plan is solved.
+    problem, graph = chain_problem(12)
+    solve_pinned = solver_for(problem)
+    pin_sets = segment_pin_sets(problem, graph)
+    calls: list[tuple[int | None, frozenset[int]]] = []
+
+    def counted(budget: int | None, force: frozenset[int]) -> Plan:
+        calls.append((budget, force))
+        return solve_pinned(budget, force)
+
+    free = solve(problem, None)
+    assert pin_sets and all(pins <= set(free.saved) for pins in pin_sets)
+    assert segment_plans(problem, graph, counted, None) == []
+    assert {force for _, force in calls} == {frozenset()}
+    calls.clear()
+    lean = set(solve(problem, 40).saved)
+    unsaved = [pins for pins in pin_sets if not pins <= lean]
+    plans = segment_plans(problem, graph, counted, 40)
+    pinned = [force for _, force in calls if force]
+    assert unsaved and plans and pinned[0] == unsaved[0]
+    assert set(pinned) <= set(unsaved) and {c.pins for c in plans} <= set(pinned)
 
 
 def test_a_budget_of_zero_is_the_solvers_plan_without_a_search_within_it() -> None:

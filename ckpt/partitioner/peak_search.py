@@ -205,10 +205,15 @@ def segment_plans(
 ) -> list[_Candidate]:
     """The solver's plans with the forward cut into segments (:mod:`ckpt.partitioner.segments`), fewest cuts first.
 
-    A pin set whose bytes alone exceed the budget is skipped; the first plan
-    over the budget (pins and what must be saved anyway) ends the list, as
-    more segments only pin more.  With ``max_time``, plans slower than it are
-    left out before their peak is simulated; with ``stop_when_slower`` too, the
+    A pin set whose bytes alone exceed the budget is skipped, and so is one
+    that the solver's own plan under the budget already saves: that plan
+    keeps those boundaries already, so their segments are already recomputed
+    apart, and the callers weigh it on its own (on a 28-layer transformer
+    every boundary is saved down to a budget of 0.25, and these solves were
+    most of its planning time).  The first plan over the budget (pins and
+    what must be saved anyway) ends the list, as more segments only pin more.
+    With ``max_time``, plans slower than it are left out before their peak is
+    simulated; with ``stop_when_slower`` too, the
     first such plan ends the list (more segments pin more, and so usually
     recompute more: a cheaper list, for a bound rather than a choice).  With
     ``peak_below``, for callers that want only plans peaking below it, plans
@@ -221,8 +226,11 @@ def segment_plans(
     """
     plans: list[_Candidate] = []
     mapping = graph.problem_index
+    saved = frozenset(solve_fn(budget_bytes, frozenset()).saved)
     for pins in segment_pin_sets(problem, graph) if pin_sets is None else pin_sets:
         if budget_bytes is not None and sum(problem.save_bytes[i] for i in pins) > budget_bytes:
+            continue
+        if pins <= saved:
             continue
         plan = solve_fn(budget_bytes, pins)
         if not _within_budget(plan, budget_bytes):
