@@ -19,6 +19,7 @@ from ckpt.measure import peak_memory
 from ckpt.partitioner.peak import Materialise, PeakGraph, backward_peak, forward_peak, simulate_peak
 from ckpt.partitioner.peak_analysis import build_peak_graph, predict_plan
 from ckpt.partitioner.peak_search import (
+    PATIENCE,
     PEAK_RESOLUTION,
     REFERENCE_RUNGS,
     budget_peak,
@@ -977,7 +978,9 @@ def test_a_budget_never_raises_the_peak_above_larger_budgets_unless_it_says_so(l
             if result.search.plan.over_budget:
                 continue
             fastest = solve_pinned(rung, frozenset()).time
-            for candidate in segment_plans(problem, graph, solve_pinned, rung, fastest, stop_when_slower=True):
+            for candidate in segment_plans(
+                problem, graph, solve_pinned, rung, fastest, stop_when_slower=True, patience=PATIENCE
+            ):
                 assert result.reference_peak <= candidate.prediction.peak_bytes
     fits = solve(problem, budget).bytes <= budget
     if fits:
@@ -1036,12 +1039,36 @@ def test_a_forward_peak_asked_first_leaves_the_prediction_and_where_it_peaks_as_
 def test_segment_plans_bounded_by_a_peak_leave_out_only_plans_at_or_above_it(layers, budget, below) -> None:
     problem, graph = chain_problem(layers)
     solve_pinned = solver_for(problem)
+    for patience in (None, 1, PATIENCE):
+        every = segment_plans(problem, graph, solve_pinned, budget, patience=patience)
+        bounded = segment_plans(problem, graph, solve_pinned, budget, peak_below=below, patience=patience)
+        assert all(c in every for c in bounded)
+        assert [c for c in every if c.prediction.peak_bytes < below] == [
+            c for c in bounded if c.prediction.peak_bytes < below
+        ]
+
+
+@given(layers=st.integers(2, 30), budget=st.one_of(st.none(), st.integers(0, 300)), patience=st.integers(1, 3))
+def test_segment_plans_stop_once_patience_plans_in_a_row_lower_the_peak_no_further(layers, budget, patience) -> None:
+    problem, graph = chain_problem(layers)
+    solve_pinned = solver_for(problem)
     every = segment_plans(problem, graph, solve_pinned, budget)
-    bounded = segment_plans(problem, graph, solve_pinned, budget, peak_below=below)
-    assert all(c in every for c in bounded)
-    assert [c for c in every if c.prediction.peak_bytes < below] == [
-        c for c in bounded if c.prediction.peak_bytes < below
-    ]
+    patient = segment_plans(problem, graph, solve_pinned, budget, patience=patience)
+    # The list is cut where the rule says: after the first run of `patience` plans above the lowest so far.
+    lowest, stale, expected = None, 0, []
+    for candidate in every:
+        if stale >= patience:
+            break
+        expected.append(candidate)
+        peak = candidate.prediction.peak_bytes
+        lowest, stale = (peak, 0) if lowest is None or peak < lowest else (lowest, stale + 1)
+    assert patient == expected
+    # Where the peaks fall strictly with more segments and then rise (or stay), it keeps the lowest.
+    peaks = [c.prediction.peak_bytes for c in every]
+    low = peaks.index(min(peaks)) if peaks else 0
+    falls = all(a > b for a, b in zip(peaks[:low], peaks[1 : low + 1]))
+    if peaks and falls and peaks[low:] == sorted(peaks[low:]):
+        assert min(c.prediction.peak_bytes for c in patient) == min(peaks)
 
 
 def test_segment_plans_skip_the_boundaries_the_solvers_plan_already_saves() -> None:
