@@ -218,9 +218,9 @@ def segment_plans(
     most of its planning time).  The first plan over the budget (pins and
     what must be saved anyway) ends the list, as more segments only pin more.
     With ``max_time``, plans slower than it are left out before their peak is
-    simulated; with ``stop_when_slower`` too, the
-    first such plan ends the list (more segments pin more, and so usually
-    recompute more: a cheaper list, for a bound rather than a choice).  With
+    simulated; with ``stop_when_slower`` too, the first such plan ends the
+    list (more segments pin more, and so usually recompute more: a cheaper
+    list, for a bound rather than a choice).  With
     ``peak_below``, for callers that want only plans peaking below it, plans
     whose forward alone peaks at or above it are left out before their
     backward is simulated (a plan's peak is the larger of the two; without a
@@ -414,9 +414,9 @@ def _segment_tie_break(
     the peak while the others are missing; the segment plans save several at
     once.  The one with the lowest peak within the budget and ``max_time``
     (more segments are tried until :data:`PATIENCE` plans in a row lower
-    the peak no further) is walked from, boundaries kept, for the tie-break's steps.  The solves
-    are the capped search's own, so a caching ``solve_fn`` shares them with
-    the guard.
+    the peak no further) is walked from, boundaries kept, for the
+    tie-break's steps.  The solves are the capped search's own, so a caching
+    ``solve_fn`` shares them with the guard.
     """
     below = result.prediction.peak_bytes * (1 - PEAK_RESOLUTION)
     fits = [
@@ -536,15 +536,18 @@ def budget_peak(
         # slack too (a budget only makes the fastest plan slower).
         return BudgetPeakResult(free, free.prediction.peak_bytes, False)
 
+    def tolerated(reference: int) -> int:
+        """The highest peak the guard does not act on."""
+        return int(reference * (1 + PEAK_RESOLUTION))
+
     def above(peak: int, reference: int) -> bool:
-        return peak > reference * (1 + PEAK_RESOLUTION)
+        return peak > tolerated(reference)
 
     def guard(budget: int, result: PeakSearchResult, reference: int) -> BudgetPeakResult:
         """Step 3: ``result``, or the capped search's first plan within ``PEAK_RESOLUTION`` of ``reference``."""
         if not above(result.prediction.peak_bytes, reference):
             return BudgetPeakResult(result, reference, False)
-        target = int(reference * (1 + PEAK_RESOLUTION))  # the most that `above` lets through
-        capped = cap_peak(problem, graph, solve_fn, budget, target, fastest=False, pin_sets=pin_sets)
+        capped = cap_peak(problem, graph, solve_fn, budget, tolerated(reference), fastest=False, pin_sets=pin_sets)
         log.debug(
             "budget %d raised the peak to %d bytes above %d; capped search reached %d",
             budget,
