@@ -116,17 +116,21 @@ def same_plan_pairs(model: ModelResult) -> list[tuple[SettingResult, SettingResu
 
 
 def _noise(model: ModelResult, pairs: list[tuple[SettingResult, SettingResult]]) -> tuple[float | None, float | None]:
-    """The noise (compile against its repeat, and ``pairs``: same plans timed twice) and the compile step."""
+    """The noise (compile against its repeat, and ``pairs``: same plans timed twice) and the compile step.
+
+    A run without compile's repeat (``--settings`` leaving it out) still
+    measures the noise where two ckpt settings made the same plan: without
+    it, the slower of two timings of one program was reported as dominated
+    by the faster beyond a noise of zero.  None when neither is there.
+    """
     by_key = {r.setting.key: r for r in _measured(model)}
     first, repeat = by_key.get("compile"), by_key.get("compile-repeat")
-    if first is None:
-        return None, None
-    assert first.step_s is not None
-    if repeat is None:
-        return None, first.step_s
-    assert repeat.step_s is not None
-    noise = max([_pair_noise(first, repeat)] + [_pair_noise(a, b) for a, b in pairs])
-    return noise, (first.step_s + repeat.step_s) / 2
+    copies = [_pair_noise(a, b) for a, b in pairs]
+    if first is None or repeat is None:
+        compile_s = None if first is None else first.step_s
+        return (max(copies) if copies else None), compile_s
+    assert first.step_s is not None and repeat.step_s is not None
+    return max([_pair_noise(first, repeat)] + copies), (first.step_s + repeat.step_s) / 2
 
 
 def _budget_check(point: SettingResult) -> dict[str, Any]:

@@ -99,7 +99,11 @@ def _model_section(model: ModelResult, verdict: ModelVerdict) -> list[str]:
     lines += ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
     ordered = sorted(model.settings, key=lambda r: display_order(r.setting))
     lines += [_setting_row(r, verdict.compile_s) for r in ordered]
-    noise = "not measured (needs compile and compile-repeat)" if verdict.noise is None else f"{verdict.noise:.1%}"
+    noise = (
+        "not measured (needs compile and compile-repeat, or two ckpt settings with the same plan)"
+        if verdict.noise is None
+        else f"{verdict.noise:.1%}"
+    )
     pairs = [f"{a} against {b}" for a, b in verdict.same_plans]
     copies = f" and the ckpt settings that made the same plan ({', '.join(pairs)})" if pairs else ""
     lines += [

@@ -238,6 +238,21 @@ def test_ckpt_settings_that_made_the_same_plan_count_in_the_noise():
     assert analyze_model(planned({"ckpt-none": "aaaa", "ckpt-0.75": "aaaa"})).same_plans == [("ckpt none", "ckpt 0.75")]
 
 
+def test_a_run_without_compiles_repeat_takes_its_noise_from_the_same_plan_timed_twice():
+    samples = {"compile": STEADY, "ckpt-none": STEADY, "ckpt-0.5": [t * 1.04 for t in STEADY]}
+    mib = {"compile": 100.0, "ckpt-none": 50.0, "ckpt-0.5": 50.0}
+    model = _model(samples, mib)
+    for point, fingerprint in zip(model.settings, (None, "aaaa", "aaaa")):
+        point.graphs = [{"fingerprint": fingerprint}] if fingerprint else []
+    verdict = analyze_model(model)
+    assert verdict.noise == pytest.approx(1 - 1 / 1.04) and verdict.compile_s == pytest.approx(1.0)
+    beaten = [d for d in verdict.dominated if d["setting"] == "ckpt 0.5"]
+    assert beaten and not any(d["beyond_noise"] for d in beaten), "one program timed twice is not beaten by itself"
+    # Two different plans and no repeat: nothing to measure the noise with.
+    model.settings[2].graphs = [{"fingerprint": "bbbb"}]
+    assert analyze_model(model).noise is None
+
+
 @pytest.mark.parametrize("stem", RUN_RESULTS)
 def test_the_committed_report_is_what_the_report_makes_of_its_results(stem, tmp_path):
     # The README quotes these files: after a change to the verdicts, or to the analysis written
