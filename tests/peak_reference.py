@@ -308,24 +308,46 @@ def _join_sibling_pointwise(
         )
     sources = {v: _sources(graph, own[v]) for v in candidates}
     target: dict[int, int] = {}
+    moves: dict[int, int] = {}  # the values that move: those of target, and a row kernel's values on the way
     for v in candidates:
         siblings = [position[u] for u in candidates if sources[u] & sources[v]]
         last = max(siblings, default=-1)
         if last > position[v]:
-            # Not if the sibling depends on it (a fused kernel cannot wait for itself).
+            # Not if the sibling depends on it (a fused kernel cannot wait for itself), unless only through
+            # pointwise values and row reductions: then all of them are one kernel, at the sibling's place.
             depends = {v}
             for u in order[position[v] + 1 : last + 1]:
                 if any(p in depends for p in graph.inputs[u]):
                     depends.add(u)
             if order[last] not in depends:
+                target[v] = moves[v] = last
+                continue
+            between = {order[last]}
+            for u in reversed(order[position[v] + 1 : last + 1]):
+                if u in between:
+                    between.update(p for p in graph.inputs[u] if p in depends and p != v)
+            between.discard(order[last])
+            kinds = [graph.kinds[u] for u in between]
+            rows = [u for u in between if graph.kinds[u] is Materialise.REDUCTION and u in graph.row_reductions]
+            if (
+                graph.bytes[v] == graph.bytes[order[last]]
+                and rows
+                and all(k is Materialise.FUSIBLE or u in rows for k, u in zip(kinds, between))
+            ):
                 target[v] = last
+                kernel = between | {order[last]}
+                shared = sources[v] | sources[order[last]]
+                later, inline = _row_kernel_sums(graph, v, kernel, depends, shared, order, realised)
+                end = max([last] + [position[c] for c in later])
+                moves[v] = end
+                moves.update((u, end) for u in kernel | set(later) | inline)
     if not target:
         return order, {}, {}
     anchor: dict[int, int] = {}
     for v in order:
         waits = max((anchor[p] for p in graph.inputs[v] if p in anchor), default=-1)
-        if v in target and target[v] >= waits:
-            anchor[v] = target[v]
+        if v in moves and moves[v] >= waits:
+            anchor[v] = moves[v]
         elif waits >= position[v]:  # (a sibling that depends on a moved value follows it)
             anchor[v] = waits
     # What follows a position: the moved values, then those that wait, each in their order, but never
@@ -335,7 +357,7 @@ def _join_sibling_pointwise(
         group = [v for v in order if anchor.get(v) == k]
         while group:
             ready = [v for v in group if not any(p in group for p in graph.inputs[v])]
-            pick = min(ready, key=lambda v: (v not in target, position[v]))
+            pick = min(ready, key=lambda v: (v not in moves, position[v]))
             rank[pick] = len(rank)
             group.remove(pick)
     result = sorted(order, key=lambda v: (anchor.get(v, position[v]), v in anchor, rank.get(v, 0)))
@@ -354,6 +376,80 @@ def _join_sibling_pointwise(
         for v in kernels
     }
     return result, kernels, sole
+
+
+def _row_kernel_sums(
+    graph: PeakGraph,
+    v: int,
+    kernel: set[int],
+    descendants: set[int],
+    shared: set[int],
+    order: list[int],
+    realised: set[int],
+) -> tuple[list[int], set[int]]:
+    """The later reductions that the row kernel of ``v`` and ``kernel`` computes too, and what they inline.
+
+    Those that read ``v`` or a ``shared`` buffer through pointwise values,
+    come after the kernel's last value, and read (through pointwise values)
+    no reduction of the kernel nor a value that depends on one (every value
+    of the kernel, if ``v`` is computed from a value that the phase computes),
+    no value computed after the kernel and no ``descendants`` of ``v`` outside
+    it.
+    """
+    in_phase = set(order)
+    position = {u: k for k, u in enumerate(order)}
+    members = kernel | {v}
+
+    def inlined(p: int) -> bool:
+        return graph.kinds[p] is Materialise.FUSIBLE and p in in_phase and p not in realised
+
+    computed_from = {v}
+    for u in reversed(order):
+        if u in computed_from:
+            computed_from.update(p for p in graph.inputs[u] if inlined(p))
+    leaves = {p for u in computed_from for p in graph.inputs[u] if p in in_phase and not inlined(p)}
+    if any(graph.kinds[p] is not Materialise.FREE for p in leaves):
+        after = set(members)
+    else:
+        after = {u for u in kernel if graph.kinds[u] is Materialise.REDUCTION}
+        for u in order:
+            if u in kernel and any(p in after for p in graph.inputs[u]):
+                after.add(u)
+    end = max(position[u] for u in kernel)
+    reach = {v} | shared
+    for u in order:
+        if inlined(u) and any(p in reach for p in graph.inputs[u]):
+            reach.add(u)
+    found = [
+        u
+        for u in order
+        if graph.kinds[u] is Materialise.REDUCTION
+        and position[u] > end
+        and u not in members
+        and any(p in reach for p in graph.inputs[u])
+    ]
+    later: list[int] = []
+    inline: set[int] = set()
+    for c in found:
+        chain: set[int] = set()
+        fits = True
+        stack = [c]
+        while stack:
+            for p in graph.inputs[stack.pop()]:
+                if p not in in_phase or p in chain:
+                    continue
+                if p in after:
+                    fits = False
+                elif graph.kinds[p] is Materialise.FUSIBLE and p not in realised and p != v:
+                    chain.add(p)
+                    if p not in members:
+                        stack.append(p)
+                elif p not in members and (position[p] > end or p in descendants):
+                    fits = False
+        if fits:
+            later.append(c)
+            inline |= chain - members
+    return later, inline
 
 
 def _in_place_reads(

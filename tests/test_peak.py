@@ -443,6 +443,72 @@ def test_a_pointwise_value_runs_in_the_kernel_of_a_realised_value_it_reads() -> 
     assert apart == reference.simulate_peak(other, (), ())
 
 
+def test_a_norms_backward_through_its_row_sums_runs_in_the_kernel_of_the_recomputed_output() -> None:
+    # A recomputed norm's output r = f(h), which the weight gradient W reads with the incoming gradient
+    # M, and the input's gradient t = f(p, s, h), where p = f(r, G) and s sums p's rows (c sums its
+    # columns, later): Inductor computes r, p, s and t in one kernel, row by row, before W runs (a deep
+    # MLP's first layer at budget 0.25).
+    names = ["h", "G", "M", "r", "W", "p", "s", "t", "c", "X", "out"]
+    R = Materialise.REDUCTION
+    kinds = [B, B, B, F, B, F, R, F, R, B, B]
+    inputs: list[tuple[int, ...]] = [(), (), (), (0,), (2, 3), (1, 3), (5,), (5, 6, 0), (5,), (7,), (4, 8, 9)]
+    sizes = [10, 10, 20, 10, 10, 10, 1, 10, 1, 1, 1]
+    graph = dataclasses.replace(forward_only(names, kinds, inputs, sizes), row_reductions=frozenset({6}))
+    prediction = simulate_peak(graph, (), ())
+    # t is written while M waits for W: h, G, M, r, s and t at once
+    assert prediction.node == "t" and prediction.forward_bytes == 61
+    assert {name for name, _ in prediction.alive} == {"h", "G", "M", "r", "s", "t"}
+    assert prediction == reference.simulate_peak(graph, (), ())
+    # a sum over other dimensions (a batch norm's) is a kernel of its own: W runs first, and M dies there
+    columns = dataclasses.replace(graph, row_reductions=frozenset())
+    apart = simulate_peak(columns, (), ())
+    assert apart.node == "W" and apart.forward_bytes == 60
+    assert apart == reference.simulate_peak(columns, (), ())
+
+
+def test_a_row_kernel_from_saved_values_also_sums_the_norms_weight_gradients() -> None:
+    # The backward recomputes r = f(h) from the saved h (a norm's output from its saved input and
+    # statistics); the row kernel of r, p = f(G, r), its row sum s and t = f(p, s, h) also computes c,
+    # a sum of p over the other dimension (the norm's weight gradient), before W: G dies there.
+    R = Materialise.REDUCTION
+    names = ["x", "h", "loss", "T", "G", "M", "r", "W", "p", "s", "t", "Xo", "c"]
+    kinds = [X, B, B, B, B, B, F, B, F, R, F, B, R]
+    inputs: list[tuple[int, ...]] = [(), (0,), (1,), (), (3,), (3,), (1,), (5, 6), (4, 6), (8,), (8, 9, 1), (10,), (8,)]
+    graph = PeakGraph(
+        names=tuple(names),
+        bytes=(0, 10, 1, 1, 10, 20, 10, 30, 10, 1, 10, 1, 1),
+        kinds=tuple(kinds),
+        inputs=tuple(inputs),
+        backward=(False,) * 3 + (True,) * 10,
+        required=(True,) * 3 + (False,) * 10,
+        outputs=frozenset({2}),
+        gradients=frozenset({7, 11, 12}),
+        tangents=frozenset({3}),
+        row_reductions=frozenset({9}),
+    )
+    from_saved = simulate_peak(graph, saved=(1,), recomputed=())
+    assert from_saved.node == "W" and from_saved.backward_bytes == 71
+    assert {name for name, _ in from_saved.alive} == {"W", "M", "r", "t", "c"}
+    assert from_saved == reference.simulate_peak(graph, (1,), ())
+    # where the backward computes h too, c runs in a kernel of its own after W, and G lives until then
+    from_recomputed = simulate_peak(graph, saved=(), recomputed=(1,))
+    assert from_recomputed.node == "W" and from_recomputed.backward_bytes == 80
+    assert "G" in {name for name, _ in from_recomputed.alive}
+    assert from_recomputed == reference.simulate_peak(graph, (), (1,))
+
+
+def test_norms_and_softmaxes_reduce_rows_and_a_batch_norm_does_not() -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.Softmax(-1), nn.Linear(32, 8), nn.BatchNorm1d(8))
+    joint = trace_joint(model, torch.randn(6, 16))
+    graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    rows = {graph.names[i] for i in graph.row_reductions}
+    reductions = {name for name, kind in zip(graph.names, graph.kinds) if kind is Materialise.REDUCTION}
+    # the norm's statistics, the softmax's max and sum, and their backward's sums over the last dimension
+    assert {"var_mean", "amax", "sum_1"} <= rows, (rows, reductions)
+    # the batch norm's statistics and the weight gradients' sums reduce over the batch
+    assert reductions - rows and not any(name.startswith("var_mean_1") for name in rows), (rows, reductions)
+
+
 def test_a_realised_value_that_only_one_joined_kernel_reads_stays_inside_it() -> None:
     # s = sigmoid(x) is realised (a heavy op two values read), but p1 = s * y1 and p2 = s * y2, which
     # the library calls L1 and L2 read, run in one kernel, with q = 2x: Inductor removes s's buffer
@@ -1211,16 +1277,25 @@ def test_lower_budgets_do_not_raise_the_planned_peak_on_a_residual_stack_or_warn
 
 
 @st.composite
-def graphs_and_plans(draw: st.DrawFn, kernels: bool = False) -> tuple[PeakGraph, list[int], list[int]]:
+def graphs_and_plans(
+    draw: st.DrawFn, kernels: bool = False, rows: bool = False
+) -> tuple[PeakGraph, list[int], list[int]]:
     """A random peak graph (forward values, then tangents and backward values) and any saved and recomputed sets.
 
     With ``kernels``, mostly pointwise values and library calls that read a
     few recent values: the shapes where pointwise kernels share buffers, join
     their siblings and write in place, which uniform draws rarely make.
+    ``rows`` also makes every reduction a row reduction and every value one
+    of two sizes, so that siblings of one size depend on each other through
+    row reductions (a norm's backward computed in its recomputed output's kernel).
     """
+    kernels = kernels or rows
     forward = draw(st.integers(1, 14))
     n = forward + draw(st.integers(0, 14))
-    kind = st.sampled_from([F, F, F, B, B, Materialise.REDUCTION]) if kernels else st.sampled_from(list(Materialise))
+    if kernels:
+        kind = st.sampled_from([F, F, F, B, B, Materialise.REDUCTION])
+    else:
+        kind = st.sampled_from(list(Materialise))
     kinds = draw(st.lists(kind, min_size=n, max_size=n))
     inputs = []
     for i in range(n):
@@ -1251,7 +1326,15 @@ def graphs_and_plans(draw: st.DrawFn, kernels: bool = False) -> tuple[PeakGraph,
     graph = PeakGraph(
         names=tuple(f"v{i}" for i in range(n)),
         # a few common sizes, so that freed buffers are taken over by later ones of their size
-        bytes=tuple(draw(st.lists(st.one_of(st.integers(0, 50), st.sampled_from([8, 16])), min_size=n, max_size=n))),
+        bytes=tuple(
+            draw(
+                st.lists(
+                    st.sampled_from([8, 16]) if rows else st.one_of(st.integers(0, 50), st.sampled_from([8, 16])),
+                    min_size=n,
+                    max_size=n,
+                )
+            )
+        ),
         kinds=tuple(kinds),
         inputs=tuple(inputs),
         backward=tuple(backward),
@@ -1264,6 +1347,7 @@ def graphs_and_plans(draw: st.DrawFn, kernels: bool = False) -> tuple[PeakGraph,
         out_buffers=frozenset(draw(values)),
         concats=frozenset(draw(values)),
         heavy_ops=frozenset(draw(values)),
+        row_reductions=frozenset(i for i in (range(n) if rows else draw(values)) if kinds[i] is Materialise.REDUCTION),
         call_outputs=call_outputs,
         fallback_calls=fallback_calls,
         unaligned_calls=frozenset(c for c in fallback_calls if draw(st.booleans())),
@@ -1272,14 +1356,14 @@ def graphs_and_plans(draw: st.DrawFn, kernels: bool = False) -> tuple[PeakGraph,
 
 
 @settings(max_examples=300, deadline=None)  # an equivalence: worth more examples than the default
-@given(st.one_of(graphs_and_plans(), graphs_and_plans(kernels=True)))
+@given(st.one_of(graphs_and_plans(), graphs_and_plans(kernels=True), graphs_and_plans(rows=True)))
 def test_the_simulator_predicts_what_the_straightforward_replay_does(case) -> None:
     _check_against_the_replay(*case)
 
 
 @pytest.mark.slow
 @settings(max_examples=3000, deadline=None)  # finds rules the 300 examples miss (a realised value's siblings)
-@given(st.one_of(graphs_and_plans(), graphs_and_plans(kernels=True)))
+@given(st.one_of(graphs_and_plans(), graphs_and_plans(kernels=True), graphs_and_plans(rows=True)))
 def test_the_simulator_predicts_what_the_replay_does_on_many_graphs(case) -> None:
     _check_against_the_replay(*case)
 

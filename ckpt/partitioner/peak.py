@@ -178,6 +178,10 @@ class PeakGraph:
     # parameter or the user's input, whatever the plan.
     fallback_calls: frozenset[int] = frozenset()
     unaligned_calls: frozenset[int] = frozenset()
+    # Reductions over the trailing dimensions of a dense input (a norm's statistics, a softmax's sums):
+    # Inductor computes them row by row, in one kernel with the pointwise values of the row that they
+    # read and that read them (``GraphIndex._kernel_path``).
+    row_reductions: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -192,7 +196,7 @@ class PeakGraph:
         for source, cat in self.concat_inputs:
             if not 0 <= cat < n or source not in self.inputs[cat]:
                 raise ValueError(f"PeakGraph.concat_inputs has ({source}, {cat}): {source} must be an input of {cat}")
-        for field_name in ("convolutions", "dense_4d"):
+        for field_name in ("convolutions", "dense_4d", "row_reductions"):
             outside = sorted(i for i in getattr(self, field_name) if not 0 <= i < n)
             if outside:
                 raise ValueError(f"PeakGraph.{field_name} has values {outside} outside the graph's {n}")
@@ -214,6 +218,11 @@ class PeakGraph:
                 f"PeakGraph.fallback_calls has {sorted(self.fallback_calls - calls)}, which return no "
                 f"call_outputs; expected a subset of {sorted(calls)}"
             )
+        not_reductions = sorted(
+            self.names[i] for i in self.row_reductions if self.kinds[i] is not Materialise.REDUCTION
+        )
+        if not_reductions:
+            raise ValueError(f"PeakGraph.row_reductions has {not_reductions}, which are not Materialise.REDUCTION")
         if not self.unaligned_calls <= self.fallback_calls:
             raise ValueError(
                 f"PeakGraph.unaligned_calls has {sorted(self.unaligned_calls - self.fallback_calls)}, "
@@ -314,6 +323,7 @@ class _Simulator:
             graph.outputs,
             graph.tangents,
             graph.heavy_ops,
+            graph.row_reductions,
         )
         n = len(graph)
         free = [kind is Materialise.FREE for kind in graph.kinds]

@@ -24,6 +24,10 @@ on the result without touching ``torch.fx``.
   pool holds it after the call until a later buffer of its size takes it); any
   other is allocated where the convolution reads it, like a pointwise value a
   library call reads, and a saved one is held to the backward.
+* **Row reductions.**  A reduction over the trailing dimensions of a dense
+  input (a norm's statistics, a softmax's sums; ``PeakGraph.row_reductions``)
+  runs row by row, and Inductor computes the row's pointwise values that it
+  reads and that read it in the same kernel.
 * **addmm.**  Inductor rewrites ``add(mm(a, b), c)`` into one ``addmm``
   (:func:`_addmm_pairs`): the sum allocates as a library call's output and
   the product allocates nothing.
@@ -53,6 +57,7 @@ on the result without touching ``torch.fx``.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from typing import Any
 
@@ -99,6 +104,39 @@ def _cpu_heavy(node: fx.Node) -> bool:
 
 def _is_reduction(node: fx.Node) -> bool:
     return compat.is_reduction_op(node.target)
+
+
+def _row_reduction(node: fx.Node, sizes: SizeEvaluator) -> bool:
+    """Whether ``node`` reduces over the trailing dimensions of a dense input (the rows stay).
+
+    Such a reduction (a norm's statistics, a softmax's sums) runs row by
+    row, and Inductor computes the row's pointwise values that it reads and
+    that read it in the same kernel.  Told apart by shapes alone: the output
+    is the input's leading dimensions (with ones after them if kept), and the
+    reduced dimensions are contiguous in the input.
+    """
+    source = node.args[0] if node.args else None
+    value = node.meta.get("val")
+    if isinstance(value, (tuple, list)):  # var_mean: its statistics share one shape
+        value = value[0] if value else None
+    if not isinstance(source, fx.Node) or not isinstance(value, torch.Tensor):
+        return False
+    read = source.meta.get("val")
+    if not isinstance(read, torch.Tensor) or read.dim() == 0 or value.dim() == 0:
+        return False
+    shape = [sizes(size_expr(d)) for d in read.shape]
+    strides = [sizes(size_expr(d)) for d in read.stride()]
+    out = [sizes(size_expr(d)) for d in value.shape]
+    kept = len(out) == len(shape)
+    rows = len(out) if not kept else len(shape) - len(list(itertools.takewhile(lambda d: d == 1, reversed(out))))
+    if not 0 < rows < len(shape) or out[:rows] != shape[:rows]:
+        return False
+    dense = 1
+    for size, stride in zip(reversed(shape[rows:]), reversed(strides[rows:])):
+        if size != 1 and stride != dense:
+            return False
+        dense *= size
+    return dense > 1
 
 
 # Scatters that reduce by sum, which Inductor may run as aten's scatter_reduce_ (``_scatter_call``).
@@ -332,6 +370,9 @@ def build_peak_graph(joint: fx.GraphModule, analysis: JointAnalysis, num_fwd_out
         convolutions=convolutions,
         dense_4d=dense_4d,
         heavy_ops=frozenset(i for i, n in enumerate(nodes) if kinds[i] is Materialise.FUSIBLE and _cpu_heavy(n)),
+        row_reductions=frozenset(
+            i for i, n in enumerate(nodes) if kinds[i] is Materialise.REDUCTION and _row_reduction(n, sizes)
+        ),
         call_outputs=call_outputs,
         pooled_copies=pooled_copies,
         fallback_calls=fallback_calls,

@@ -80,9 +80,13 @@ class GraphIndex:
         outputs: Iterable[int],
         tangents: Iterable[int],
         heavy_ops: Iterable[int] = (),
+        row_reductions: Iterable[int] = (),
     ) -> None:
         n = len(inputs)
         self.n = n
+        self.row_reduction = bytearray(n)  # reductions over the trailing dimensions (PeakGraph.row_reductions)
+        for i in row_reductions:
+            self.row_reduction[i] = 1
         self.heavy_ops = bytearray(n)  # pointwise ops Inductor counts as heavy on the CPU
         for i in heavy_ops:
             self.heavy_ops[i] = 1
@@ -465,6 +469,11 @@ class GraphIndex:
         outputs before their readers run).  The kernel's inputs live until its
         last output is written, and an output is written in place of an input
         only if no other value of the kernel reads that input (see ``phase``).
+        A sibling that depends on the value through row reductions joins it
+        in one row kernel, with the values on the way and the later sums
+        that kernel also computes (``_kernel_path``, ``_row_kernel_sums``):
+        they all run at the kernel's last value's place, and what else
+        depends on them waits.
         Returns
         the order (``order`` itself if nothing moves; ``position`` is its)
         and each joined value's kernel, named by the position in ``order`` of
@@ -482,14 +491,29 @@ class GraphIndex:
             for b in sources[k]:
                 last[b] = k
         targets: dict[int, int] = {}  # value -> the position it moves to
+        moves: dict[int, int] = {}  # the same, with what a kernel computes between its two values, and the later one
         for k in candidates:
             t = max([last[b] for b in sources[k]], default=k)
-            if t > k and self._joins(order[k], t, order, position):
-                targets[order[k]] = t
+            if t <= k:
+                continue
+            path = self._kernel_path(order[k], t, order, position)
+            if path is None:
+                continue
+            targets[order[k]] = t
+            moves[order[k]] = t
+            between, descendants = path
+            if between:  # one row kernel: it runs at its last value's place, with all it computes on the way
+                kernel = [*between, order[t]]
+                shared = sources[k] + sources[t]
+                later, inline = self._row_kernel_sums(order[k], kernel, descendants, shared, position, realised)
+                end = max([t, *(position[c] for c in later)])
+                moves.update((p, end) for p in itertools.chain(kernel, later, inline))
+                moves[order[k]] = end
         if not targets:
             return order, {}
         groups = {v: t for v, t in targets.items()}
         groups.update((order[t], t) for t in targets.values())
+        targets = moves
         # Only what depends on a moved value can wait: walk its readers in order, up to where it goes.
         readers = self.readers
         anchor: dict[int, int] = {}  # moved and waiting values -> the position they follow
@@ -507,7 +531,7 @@ class GraphIndex:
                 if known > a:
                     a = known
             t = targets.get(v, -1)
-            if t >= a and t > k:
+            if t >= a and t >= k:  # (a row kernel's last value moves to its own place, behind the others)
                 anchor[v] = t
             elif a >= k:  # (a sibling that depends on a moved value follows it)
                 anchor[v] = a
@@ -576,28 +600,144 @@ class GraphIndex:
                     heapq.heappush(ready, (rank[r], r))
         return ordered
 
-    def _joins(self, v: int, t: int, order: list[int], position: list[int]) -> bool:
-        """Whether ``v`` may wait for its sibling at position ``t`` (after it), to run in one kernel there.
+    def _kernel_path(self, v: int, t: int, order: list[int], position: list[int]) -> tuple[list[int], set[int]] | None:
+        """Whether ``v`` may run in one kernel with its sibling at position ``t`` (after it), and what joins them.
 
-        Inductor fuses two kernels only if neither depends on the other
-        through a third (the fused kernel would wait for itself): a residual
-        add in the forward and the dropout gradient of the same mask in the
-        backward share their largest buffer, but the gradient depends on the
-        add through the whole head, which must not wait.
+        Returns ``([], ...)`` if the sibling does not depend on ``v``: ``v``
+        waits for it.  Inductor fuses two kernels only if neither depends on
+        the other through a third kernel (the fused kernel would wait for
+        itself): a residual add in the forward and the dropout gradient of the
+        same mask in the backward share their largest buffer, but the
+        gradient depends on the add through the whole head, which must not
+        wait (``None``).
+        A sibling of ``v``'s size that depends on it through reductions over
+        the rows (``row_reduction``) and pointwise values only is computed in
+        ``v``'s kernel, row by row: in a recomputed norm's backward the kernel
+        that recomputes the norm's output (and the ReLU after it) for the
+        weight gradient also computes the input's gradient through the norm's
+        backward sums, before the weight gradient runs.  Then the values on
+        the way come back, in order, with what depends on ``v`` before the
+        sibling.
         """
-        readers = self.readers
+        readers, kinds = self.readers, self.kinds
         target = order[t]
         stack = [v]
         seen = {v}
-        while stack:  # does the sibling depend on v?
+        depends = False
+        while stack:  # what depends on v up to the sibling, and whether the sibling does
             for r in readers[stack.pop()]:
                 if r == target:
-                    return False
+                    depends = True
+                    continue
                 where = position[r]
                 if 0 <= where < t and r not in seen:
                     seen.add(r)
                     stack.append(r)
-        return True
+        if not depends:
+            return [], seen
+        if self.nbytes[v] != self.nbytes[target]:
+            return None
+        inputs = self.inputs
+        between: set[int] = set()
+        stack = [target]
+        while stack:  # the values that depend on v and that the sibling depends on
+            for p in inputs[stack.pop()]:
+                if p in seen and p != v and p not in between:
+                    between.add(p)
+                    stack.append(p)
+        rows = False
+        for p in between:
+            if kinds[p] == REDUCTION and self.row_reduction[p]:
+                rows = True
+            elif kinds[p] != FUSIBLE:
+                return None
+        # Through pointwise values alone the sibling is computed inside v's kernel already (``_sibling_reads``).
+        return (sorted(between, key=position.__getitem__), seen) if rows else None
+
+    def _row_kernel_sums(
+        self,
+        v: int,
+        kernel: list[int],
+        descendants: set[int],
+        shared: list[int],
+        position: list[int],
+        realised: bytearray,
+    ) -> tuple[list[int], list[int]]:
+        """The later reductions that a row kernel (``v``, then ``kernel``) also computes, and what they inline.
+
+        Inductor's CPU code adds to the kernel that computes a norm's output
+        and its backward's row sums the sums over the other dimension that
+        read the same buffers (the norm's weight and bias gradients), as a
+        second loop, so they run before the weight gradient that waits for
+        the kernel, and the norm's input and the incoming gradient die there.
+        As seen on a deep MLP's recomputed layers, it does so only where the
+        kernel recomputes the norm's output from saved values alone (its
+        input and statistics); where the phase computes one of them (the
+        input's projection, the statistics), the sums run later in a kernel
+        of their own, as does a sum of anything the kernel computes after
+        its row sums (the input's gradient, for a bias gradient).  A sum
+        joins if it reads ``v`` or one of the kernel's largest buffers
+        (``shared``) through pointwise values, and everything else it reads
+        exists before the kernel: no value that waits for it (``descendants``
+        of ``v``) and none computed after it.
+        """
+        kinds, inputs, readers = self.kinds, self.inputs, self.readers
+        members = set(kernel)
+        members.add(v)
+        reductions = [p for p in kernel if kinds[p] == REDUCTION]
+        # is v computed from what the phase computes (not only from saved values and parameters)?
+        upstream = False
+        stack, walked = [v], {v}
+        while stack and not upstream:
+            for p in inputs[stack.pop()]:
+                if position[p] < 0 or p in walked:
+                    continue
+                walked.add(p)
+                if kinds[p] == FUSIBLE and not realised[p]:
+                    stack.append(p)
+                elif kinds[p] != FREE:
+                    upstream = True
+        if upstream:
+            after = members
+        else:  # what depends on the row sums
+            after = set(reductions)
+            for p in sorted(kernel, key=position.__getitem__):
+                if any(q in after for q in inputs[p]):
+                    after.add(p)
+        end = position[kernel[-1]]
+        # the sums that read v or a shared buffer through pointwise values
+        found: dict[int, None] = {}
+        stack, walked = [v, *shared], set()
+        while stack:
+            for r in readers[stack.pop()]:
+                if position[r] < 0 or r in walked:
+                    continue
+                walked.add(r)
+                if kinds[r] == FUSIBLE and not realised[r]:
+                    stack.append(r)
+                elif kinds[r] == REDUCTION and position[r] > end and r not in members:
+                    found[r] = None
+        later: list[int] = []
+        inline: dict[int, None] = {}
+        for c in sorted(found, key=position.__getitem__):
+            chain: dict[int, None] = {}
+            stack, fits = [c], True
+            while stack and fits:
+                for p in inputs[stack.pop()]:
+                    if position[p] < 0 or p in chain:
+                        continue
+                    if p in after:
+                        fits = False
+                    elif kinds[p] == FUSIBLE and not realised[p] and p != v:
+                        chain[p] = None
+                        if p not in members:
+                            stack.append(p)
+                    elif p not in members and (position[p] > end or p in descendants):
+                        fits = False  # computed after the kernel, or waits for it
+            if fits:
+                later.append(c)
+                inline.update((p, None) for p in chain if p not in members)
+        return later, list(inline)
 
     def _kernel_reads(self, v: int, joined: dict[int, int], position: list[int], realised: bytearray) -> set[int]:
         """What ``v`` reads in a joined kernel: as ``_reads``, but a joined value is read as itself.
