@@ -1368,6 +1368,72 @@ def test_the_simulator_predicts_what_the_replay_does_on_many_graphs(case) -> Non
     _check_against_the_replay(*case)
 
 
+@st.composite
+def row_kernels(draw: st.DrawFn) -> tuple[PeakGraph, list[int], list[int]]:
+    """A recomputed norm's backward (as in the row kernel tests) with random values woven in, and any plan.
+
+    The template: the forward's h, the tangent T, gradients G and M, the
+    output r = f(h) that W reads with M, p = f(G, r), its row sum s,
+    t = f(p, s, h) that X reads, and c, a sum of p over the other
+    dimension.  Extra values of any kind read random earlier values, and
+    every value takes one of two sizes, so that the row kernel forms,
+    absorbs its later sums or does not, and meets pools and in-place writes.
+    """
+    R = Materialise.REDUCTION
+    template = [  # name, kind, inputs by name, backward
+        ("x", X, (), False),
+        ("h", B, ("x",), False),
+        ("loss", B, ("h",), False),
+        ("T", B, (), True),
+        ("G", B, ("T",), True),
+        ("M", B, ("T",), True),
+        ("r", F, ("h",), True),
+        ("W", B, ("M", "r"), True),
+        ("p", F, ("G", "r"), True),
+        ("s", R, ("p",), True),
+        ("t", F, ("p", "s", "h"), True),
+        ("X", B, ("t",), True),
+        ("c", R, ("p",), True),
+    ]
+    names: list[str] = []
+    kinds: list[Materialise] = []
+    inputs: list[tuple[int, ...]] = []
+    backward: list[bool] = []
+    for name, kind, reads, back in template:
+        for extra in range(draw(st.integers(0, 2)) if back and name != "T" else 0):
+            preds = draw(st.lists(st.integers(0, len(names) - 1), min_size=1, max_size=3, unique=True))
+            names.append(f"{name}_extra{extra}")
+            kinds.append(draw(st.sampled_from([F, F, B, R, X])))
+            inputs.append(tuple(sorted(preds)))
+            backward.append(True)
+        names.append(name)
+        kinds.append(kind)
+        inputs.append(tuple(sorted(names.index(r) for r in reads)))
+        backward.append(back)
+    n = len(names)
+    index = {name: i for i, name in enumerate(names)}
+    values = st.sets(st.integers(0, n - 1), max_size=n)
+    graph = PeakGraph(
+        names=tuple(names),
+        bytes=tuple(0 if k is X else draw(st.sampled_from([8, 8, 16])) for k in kinds),
+        kinds=tuple(kinds),
+        inputs=tuple(inputs),
+        backward=tuple(backward),
+        required=tuple(not b for b in backward),
+        outputs=frozenset({index["loss"]}),
+        gradients=frozenset({index["W"], index["X"], index["c"]}) | frozenset(draw(values)),
+        tangents=frozenset({index["T"]}),
+        row_reductions=frozenset(i for i in range(n) if kinds[i] is R and (names[i] == "s" or draw(st.booleans()))),
+    )
+    return graph, sorted(draw(values)), sorted(draw(values))
+
+
+@settings(max_examples=300, deadline=None)
+@given(row_kernels())
+def test_the_simulator_predicts_what_the_replay_does_around_row_kernels(case) -> None:
+    _check_against_the_replay(*case)
+
+
 def _check_against_the_replay(graph: PeakGraph, saved: list[int], recomputed: list[int]) -> None:
     expected = reference.simulate_peak(graph, saved, recomputed)
     # each phase alone first (nothing remembered yet), then the whole prediction
