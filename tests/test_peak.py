@@ -509,6 +509,22 @@ def test_norms_and_softmaxes_reduce_rows_and_a_batch_norm_does_not() -> None:
     assert reductions - rows and not any(name.startswith("var_mean_1") for name in rows), (rows, reductions)
 
 
+def test_a_sum_over_the_first_dimension_of_a_square_matrix_is_not_a_row_reduction() -> None:
+    # Its output has the shape of a row sum's (n,), so only its dimensions tell the two apart.
+    class Sums(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.sum(0) * 2 + x.sum(-1) + x.amax(1)
+
+    joint = trace_joint(nn.Sequential(nn.Linear(8, 8), Sums()), torch.randn(8, 8))
+    graph = build_peak_graph(joint.graph, joint.analysis, joint.num_fwd_outputs)
+    forward = {n: i for i, n in enumerate(graph.names) if not graph.backward[i]}
+    dims = {n.name: n.args[1] for n in joint.graph.graph.nodes if n.name in forward and n.op == "call_function"}
+    rows = {name for name in forward if forward[name] in graph.row_reductions}
+    columns = {name for name, d in dims.items() if d == [0]}
+    assert columns and not columns & rows, (rows, dims)
+    assert {name for name, d in dims.items() if d in ([-1], [1])} <= rows, (rows, dims)
+
+
 def test_a_realised_value_that_only_one_joined_kernel_reads_stays_inside_it() -> None:
     # s = sigmoid(x) is realised (a heavy op two values read), but p1 = s * y1 and p2 = s * y2, which
     # the library calls L1 and L2 read, run in one kernel, with q = 2x: Inductor removes s's buffer

@@ -57,7 +57,6 @@ on the result without touching ``torch.fx``.
 
 from __future__ import annotations
 
-import itertools
 import operator
 from typing import Any
 
@@ -106,36 +105,54 @@ def _is_reduction(node: fx.Node) -> bool:
     return compat.is_reduction_op(node.target)
 
 
+def _reduced_dims(node: fx.Node, ndim: int) -> list[int] | None:
+    """The dimensions a reduction's ``dim`` argument names, made non-negative; ``None`` for all or unknown."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    for position, argument in enumerate(target._schema.arguments):
+        if argument.name != "dim":
+            continue
+        value: Any
+        if position < len(node.args):
+            value = node.args[position]
+        elif "dim" in node.kwargs:
+            value = node.kwargs["dim"]
+        elif argument.has_default_value():
+            value = argument.default_value
+        else:
+            return None
+        dims: list[Any] = [value] if isinstance(value, int) else list(value) if isinstance(value, (list, tuple)) else []
+        if not dims or not all(isinstance(d, int) for d in dims):
+            return None  # every dimension (None or []), or not known here
+        return sorted({int(d) % ndim for d in dims})
+    return None
+
+
 def _row_reduction(node: fx.Node, sizes: SizeEvaluator) -> bool:
     """Whether ``node`` reduces over the trailing dimensions of a dense input (the rows stay).
 
     Such a reduction (a norm's statistics, a softmax's sums) runs row by
     row, and Inductor computes the row's pointwise values that it reads and
-    that read it in the same kernel.  Told apart by shapes alone: the output
-    is the input's leading dimensions (with ones after them if kept), and the
-    reduced dimensions are contiguous in the input.
+    that read it in the same kernel.  Its ``dim`` argument names the last
+    dimensions of its input, not all of them, and those are contiguous in
+    the input.
     """
     source = node.args[0] if node.args else None
-    value = node.meta.get("val")
-    if isinstance(value, (tuple, list)):  # var_mean: its statistics share one shape
-        value = value[0] if value else None
-    if not isinstance(source, fx.Node) or not isinstance(value, torch.Tensor):
+    read = source.meta.get("val") if isinstance(source, fx.Node) else None
+    if not isinstance(read, torch.Tensor) or read.dim() == 0:
         return False
-    read = source.meta.get("val")
-    if not isinstance(read, torch.Tensor) or read.dim() == 0 or value.dim() == 0:
+    ndim = read.dim()
+    dims = _reduced_dims(node, ndim)
+    if dims is None or len(dims) >= ndim or dims != list(range(ndim - len(dims), ndim)):
         return False
     shape = [sizes(size_expr(d)) for d in read.shape]
     strides = [sizes(size_expr(d)) for d in read.stride()]
-    out = [sizes(size_expr(d)) for d in value.shape]
-    kept = len(out) == len(shape)
-    rows = len(out) if not kept else len(shape) - len(list(itertools.takewhile(lambda d: d == 1, reversed(out))))
-    if not 0 < rows < len(shape) or out[:rows] != shape[:rows]:
-        return False
     dense = 1
-    for size, stride in zip(reversed(shape[rows:]), reversed(strides[rows:])):
-        if size != 1 and stride != dense:
+    for dim in reversed(dims):
+        if shape[dim] != 1 and strides[dim] != dense:
             return False
-        dense *= size
+        dense *= shape[dim]
     return dense > 1
 
 
