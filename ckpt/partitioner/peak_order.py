@@ -490,8 +490,8 @@ class GraphIndex:
         for k in candidates:
             for b in sources[k]:
                 last[b] = k
-        targets: dict[int, int] = {}  # value -> the position it moves to
-        moves: dict[int, int] = {}  # the same, with what a kernel computes between its two values, and the later one
+        joined: dict[int, int] = {}  # value -> its kernel, named by the position of the sibling it joins
+        moves: dict[int, int] = {}  # value -> the position it moves to: joined values, and a row kernel's others
         for k in candidates:
             t = max([last[b] for b in sources[k]], default=k)
             if t <= k:
@@ -499,7 +499,7 @@ class GraphIndex:
             path = self._kernel_path(order[k], t, order, position)
             if path is None:
                 continue
-            targets[order[k]] = t
+            joined[order[k]] = t
             moves[order[k]] = t
             between, descendants = path
             if between:  # one row kernel: it runs at its last value's place, with all it computes on the way
@@ -509,15 +509,13 @@ class GraphIndex:
                 end = max([t, *(position[c] for c in later)])
                 moves.update((p, end) for p in itertools.chain(kernel, later, inline))
                 moves[order[k]] = end
-        if not targets:
+        if not joined:
             return order, {}
-        groups = {v: t for v, t in targets.items()}
-        groups.update((order[t], t) for t in targets.values())
-        targets = moves
+        joined.update([(order[t], t) for t in joined.values()])
         # Only what depends on a moved value can wait: walk its readers in order, up to where it goes.
         readers = self.readers
         anchor: dict[int, int] = {}  # moved and waiting values -> the position they follow
-        pending = [(k, order[k]) for k in sorted(position[v] for v in targets)]
+        pending = [(k, order[k]) for k in sorted(position[v] for v in moves)]
         heapq.heapify(pending)
         seen: set[int] = set()
         while pending:
@@ -530,7 +528,7 @@ class GraphIndex:
                 known = anchor.get(p, -1)
                 if known > a:
                     a = known
-            t = targets.get(v, -1)
+            t = moves.get(v, -1)
             if t >= a and t >= k:  # (a row kernel's last value moves to its own place, behind the others)
                 anchor[v] = t
             elif a >= k:  # (a sibling that depends on a moved value follows it)
@@ -554,8 +552,8 @@ class GraphIndex:
                 result.append(v)
             after = follows.get(k)
             if after is not None:
-                result.extend(self._members_first([order[j] for j in sorted(after)], targets))
-        return result, groups
+                result.extend(self._members_first([order[j] for j in sorted(after)], moves))
+        return result, joined
 
     def _sibling_reads(self, v: int, position: list[int], realised: bytearray, reads: dict[int, set[int]]) -> set[int]:
         """What ``v``'s kernel reads, for finding its siblings: its reads, and those of the realised values it reads.
@@ -686,18 +684,7 @@ class GraphIndex:
         members.add(v)
         reductions = [p for p in kernel if kinds[p] == REDUCTION]
         # is v computed from what the phase computes (not only from saved values and parameters)?
-        upstream = False
-        stack, walked = [v], {v}
-        while stack and not upstream:
-            for p in inputs[stack.pop()]:
-                if position[p] < 0 or p in walked:
-                    continue
-                walked.add(p)
-                if kinds[p] == FUSIBLE and not realised[p]:
-                    stack.append(p)
-                elif kinds[p] != FREE:
-                    upstream = True
-        if upstream:
+        if any(kinds[p] != FREE for p in self._through_pointwise([v], inputs, position, realised)):
             after = members
         else:  # what depends on the row sums
             after = set(reductions)
@@ -706,17 +693,11 @@ class GraphIndex:
                     after.add(p)
         end = position[kernel[-1]]
         # the sums that read v or a shared buffer through pointwise values
-        found: dict[int, None] = {}
-        stack, walked = [v, *shared], set()
-        while stack:
-            for r in readers[stack.pop()]:
-                if position[r] < 0 or r in walked:
-                    continue
-                walked.add(r)
-                if kinds[r] == FUSIBLE and not realised[r]:
-                    stack.append(r)
-                elif kinds[r] == REDUCTION and position[r] > end and r not in members:
-                    found[r] = None
+        found = [
+            r
+            for r in self._through_pointwise([v, *shared], readers, position, realised)
+            if kinds[r] == REDUCTION and position[r] > end and r not in members
+        ]
         later: list[int] = []
         inline: dict[int, None] = {}
         for c in sorted(found, key=position.__getitem__):
@@ -738,6 +719,26 @@ class GraphIndex:
                 later.append(c)
                 inline.update((p, None) for p in chain if p not in members)
         return later, list(inline)
+
+    def _through_pointwise(
+        self, starts: list[int], edges: Sequence[Sequence[int]], position: list[int], realised: bytearray
+    ) -> Iterator[int]:
+        """The phase's values next to ``starts`` along ``edges`` (inputs or readers), through inlined pointwise ones.
+
+        Each value is yielded once, when it is reached: one that is not
+        inlined (a buffer, a reduction, a realised value, a parameter).
+        """
+        kinds = self.kinds
+        stack, walked = list(starts), set(starts)
+        while stack:
+            for p in edges[stack.pop()]:
+                if position[p] < 0 or p in walked:
+                    continue
+                walked.add(p)
+                if kinds[p] == FUSIBLE and not realised[p]:
+                    stack.append(p)
+                else:
+                    yield p
 
     def _kernel_reads(self, v: int, joined: dict[int, int], position: list[int], realised: bytearray) -> set[int]:
         """What ``v`` reads in a joined kernel: as ``_reads``, but a joined value is read as itself.
