@@ -30,7 +30,7 @@ import torch.fx as fx
 
 from ckpt import _torch_compat as compat
 
-__all__ = ["OpKind", "classify", "is_view_op"]
+__all__ = ["OpKind", "argument_value", "classify", "is_view_op"]
 
 
 class OpKind(enum.Enum):
@@ -77,7 +77,8 @@ def _is_extern_op(target: torch._ops.OpOverload) -> bool:
     return not (compat.is_pointwise_op(target) or compat.is_reduction_op(target))
 
 
-def _argument(node: fx.Node, target: torch._ops.OpOverload, name: str) -> Any:
+def argument_value(node: fx.Node, target: torch._ops.OpOverload, name: str) -> Any:
+    """The value ``node`` passes for ``target``'s argument ``name`` (its default if left out), else None."""
     for index, argument in enumerate(target._schema.arguments):
         if argument.name == name:
             if index < len(node.args):
@@ -90,8 +91,8 @@ def _draws_random(node: fx.Node, target: torch._ops.OpOverload) -> bool:
     """Seeded ops with a dropout probability draw nothing when it is zero (attention without dropout)."""
     names = {argument.name for argument in target._schema.arguments}
     if "dropout_p" in names:
-        return _argument(node, target, "dropout_p") not in (0, 0.0)
-    if "train" in names and _argument(node, target, "train") is False:
+        return argument_value(node, target, "dropout_p") not in (0, 0.0)
+    if "train" in names and argument_value(node, target, "train") is False:
         return False
     return True
 

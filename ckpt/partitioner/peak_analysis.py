@@ -65,7 +65,7 @@ import torch.fx as fx
 
 from ckpt import _torch_compat as compat
 from ckpt.cost_model.node_cost import SizeEvaluator, numel_expr, size_expr, storage_bytes_expr
-from ckpt.cost_model.ops import OpKind
+from ckpt.cost_model.ops import OpKind, argument_value
 from ckpt.partitioner.analysis import JointAnalysis
 from ckpt.partitioner.peak import Materialise, PeakGraph, PeakPrediction, predict_plan
 
@@ -110,23 +110,11 @@ def _reduced_dims(node: fx.Node, ndim: int) -> list[int] | None:
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return None
-    for position, argument in enumerate(target._schema.arguments):
-        if argument.name != "dim":
-            continue
-        value: Any
-        if position < len(node.args):
-            value = node.args[position]
-        elif "dim" in node.kwargs:
-            value = node.kwargs["dim"]
-        elif argument.has_default_value():
-            value = argument.default_value
-        else:
-            return None
-        dims: list[Any] = [value] if isinstance(value, int) else list(value) if isinstance(value, (list, tuple)) else []
-        if not dims or not all(isinstance(d, int) for d in dims):
-            return None  # every dimension (None or []), or not known here
-        return sorted({int(d) % ndim for d in dims})
-    return None
+    value = argument_value(node, target, "dim")
+    dims: list[Any] = [value] if isinstance(value, int) else list(value) if isinstance(value, (list, tuple)) else []
+    if not dims or not all(isinstance(d, int) for d in dims):
+        return None  # every dimension (None or []), no such argument, or not known here
+    return sorted({int(d) % ndim for d in dims})
 
 
 def _row_reduction(node: fx.Node, sizes: SizeEvaluator) -> bool:
