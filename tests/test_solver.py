@@ -106,6 +106,31 @@ def test_chain_recomputes_the_cheap_op_and_saves_the_matmul():
     assert "b" in names and "a" not in names
 
 
+def _stack_and_loss(layers: int) -> Problem:
+    """``layers`` identical values (1000 bytes, 1300 to recompute) and a small one (200 bytes, 300).
+
+    The small one costs more per byte, so every price walk drops layers
+    first: a budget 150 bytes below saving everything has the hull (and any
+    mix of its plans) recompute a layer, where the best plan recomputes the
+    small value alone.
+    """
+    spec: list[tuple] = [("x", [], 0, 10, 0, True, False)]
+    spec += [(f"h{k}", ["x"], 1000, 20, 1300, True, True) for k in range(layers)]
+    spec.append(("loss", ["x"], 200, 20, 300, True, True))
+    return problem(spec, {name for name, *_ in spec[1:]})
+
+
+@pytest.mark.parametrize("layers", [12, 18])
+def test_a_budget_just_below_a_stack_gives_up_the_small_value_not_a_layer(layers):
+    p = _stack_and_loss(layers)
+    budget = p.total_save_bytes - 150
+    # A search too short to branch on each layer in turn (it then recomputes a layer): the dive finds it.
+    plan = solve(p, budget, effort=0.01)
+    assert {p.names[i] for i in plan.recomputed} == {"loss"}
+    best = solve_exhaustive(p, budget)
+    assert (plan.time, plan.bytes) == (best.time, best.bytes)
+
+
 def test_budget_below_minimum_returns_the_leanest_plan():
     plan = solve(RANDOM, 0, effort=1000.0)
     assert plan.over_budget

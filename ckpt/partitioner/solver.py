@@ -16,8 +16,11 @@ three steps, all on min cuts from :mod:`ckpt.partitioner.min_cut`:
 3. **Repair.**  The optimum can lie strictly above the hull (a budget
    between "save half" and "recompute everything" on a conv net).  First the
    two hull points are mixed part by part (:mod:`ckpt.partitioner.repair`),
-   which fills the budget on stacks of similar layers.  Then best-first branch
-   and bound closes the remaining gap: branch on a value that
+   which fills the budget on stacks of similar layers.  Where the budget is
+   less than one hull step below the fastest plan, a dive forces the step's
+   value in every identical layer at once and relaxes again, so that the next
+   step gives up something smaller off the hull (:meth:`_Cutter.dive`).  Then
+   best-first branch and bound closes the remaining gap: branch on a value that
    the two hull points treat differently (force it saved / forbid saving it),
    bound every branch with its own price search, and prune by the bound.  On
    small graphs it finishes and proves optimality; on large ones it stops at
@@ -48,6 +51,9 @@ __all__ = ["WORK_PER_EFFORT", "solve"]
 # cut (however the cut is computed: contracted, warm-started or remembered): 0.1 to 0.3 s of
 # Python on one CPU core on the benchmark models, whatever the graph's size.
 WORK_PER_EFFORT = 200_000
+# Relaxations the repair's dive (:meth:`_Cutter.dive`) may take before the branch and bound.
+DIVE_STEPS = 4
+DIVE_WORK = 0.25  # the dive's work limit, as a share of the branch and bound's
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +136,70 @@ class _Cutter:
             self.problem, (fast.saved, fast.recomputed), (lean.saved, lean.recomputed), budget, key_and_bytes
         )
         return None if mixed is None else self.point(mixed)
+
+    def dive(
+        self, root: _Relaxation, incumbent: _Point, budget: int, pinned: _Pinned, settled: int, work_limit: float
+    ) -> _Point:
+        """The repair step across the hull's step: ``incumbent`` or a faster plan within the budget.
+
+        Where ``fast`` is over the budget by less than one hull step (one of a
+        stack's identical layers recomputed), the best plan often keeps that
+        step's value saved and gives up something small off the hull instead
+        (the deep MLP's loss: its shifted logits recomputed from their row
+        statistics, where the hull and the mixes recompute a whole layer).
+        The branch and bound finds it only after forcing the step's value in
+        each of the stack's layers, one branch at a time.
+
+        Each dive step takes the largest value that the best plan so far
+        gives up from ``fast``; if it has twins (values ``fast`` saves with the
+        same bytes and times: the other layers' copies), it forces them all
+        saved and relaxes again, so that the next hull step is something
+        else; if no plan within the budget keeps them all, it forces the value
+        and the twins that the best plan keeps.  A value without twins is left
+        to the branch and bound, whose first branch forces it anyway.  Up to
+        :data:`DIVE_STEPS` steps, each of which must find a better plan, while
+        the best plan is not yet within ``settled`` of the root's bound (the
+        search would then stop anyway) and the work stays under
+        ``work_limit``.
+        """
+        problem = self.problem
+
+        def signature(i: int) -> tuple[int, int, int, int]:
+            return problem.save_bytes[i], problem.save_time[i], problem.recompute_time[i], problem.recompute_bytes[i]
+
+        force = pinned.force
+        relaxation, kept = root, incumbent
+        best = incumbent
+        for _ in range(DIVE_STEPS):
+            if best.key - settled <= root.bound or self.work >= work_limit:
+                break
+            assert relaxation.fast is not None
+            fast = relaxation.fast
+            given_up = fast.saved - kept.saved
+            if not given_up:
+                break
+            value = max(given_up, key=lambda i: (problem.save_bytes[i], -i))
+            twins = frozenset(i for i in fast.saved if signature(i) == signature(value))
+            if len(twins) < 2:
+                break  # forcing the value alone is the branch and bound's own first branch
+            child = None
+            # All of them kept first; if no plan within the budget keeps them all, those the best plan keeps.
+            for more in (twins, (twins & kept.saved) | {value}):
+                child = self.relax(budget, force | more, pinned.forbid, work_limit)
+                if child is None or child.status != "infeasible":
+                    force = force | more
+                    break
+            if child is None or child.status == "infeasible":
+                break
+            if child.status == "optimal":
+                assert child.fast is not None
+                return _better(best, child.fast)
+            assert child.lean is not None
+            relaxation, kept = child, _better(child.lean, self.mix(child, budget))
+            if kept.key >= best.key:
+                break  # no nearer the budget than the plan so far: the dive has lost its way
+            best = kept
+        return best
 
     def walk(
         self,
@@ -317,13 +387,15 @@ def _branch_and_bound(
     """Best-first branch and bound from the root relaxation, until ``work`` more edges are processed."""
     assert root.lean is not None
     incumbent = _better(root.lean, cutter.mix(root, budget))
+    # The dive's work is its own: the branch and bound that follows keeps all of ``work``.
+    incumbent = cutter.dive(root, incumbent, budget, pinned, tolerance, cutter.work + work * DIVE_WORK)
+    work_limit = cutter.work + work
     counter = itertools.count()
     heap: list[tuple[int, int, frozenset[int], frozenset[int], _Relaxation]] = [
         (root.bound, next(counter), pinned.force, pinned.forbid, root)
     ]
     nodes = 0
     out_of_work = False
-    work_limit = cutter.work + work
     settled = incumbent.key  # least bound among branches dropped as within tolerance
     while heap and not out_of_work and cutter.work < work_limit:
         bound, _, force, forbid, relaxation = heapq.heappop(heap)
