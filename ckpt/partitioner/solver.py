@@ -291,10 +291,11 @@ def solve(
     If no plan fits the budget, returns the plan with the fewest bytes (and
     the least time among those), with ``over_budget`` true and
     ``minimum_bytes`` set.  ``effort`` bounds the repair search's work
-    (``effort * WORK_PER_EFFORT`` edges processed by min cuts; 0 skips the
-    branch and bound); the price search at the root always runs to
-    completion.  The plan depends on the problem and these arguments only,
-    never on the machine's speed.  The repair search
+    (``effort * WORK_PER_EFFORT`` edges processed by min cuts for the branch
+    and bound, and :data:`DIVE_WORK` of that for the dive before it; 0 skips
+    both); the price search at the root always runs to completion.  The
+    plan depends on the problem and these arguments only, never on the
+    machine's speed.  The repair search
     stops early once no branch can beat the plan by more than
     ``tolerance_ps`` picoseconds; ``lower_bound`` stays a proven bound either
     way, and ``optimal`` means the plan reaches it.
