@@ -178,18 +178,19 @@ class _Cutter:
             given_up = fast.saved - kept.saved
             if not given_up:
                 break
-            value = max(given_up, key=lambda i: (problem.save_bytes[i], -i))
+            value = _largest(problem, given_up)
             twins = frozenset(i for i in fast.saved if signature(i) == signature(value))
             if len(twins) < 2:
                 break  # forcing the value alone is the branch and bound's own first branch
-            child = None
             # All of them kept first; if no plan within the budget keeps them all, those the best plan keeps.
             for more in (twins, (twins & kept.saved) | {value}):
                 child = self.relax(budget, force | more, pinned.forbid, work_limit)
-                if child is None or child.status != "infeasible":
+                if child is None:
+                    return best  # out of work
+                if child.status != "infeasible":
                     force = force | more
                     break
-            if child is None or child.status == "infeasible":
+            else:
                 break
             if child.status == "optimal":
                 assert child.fast is not None
@@ -270,9 +271,13 @@ def _to_plan(point: _Point, solver: str, cutter: _Cutter, **extra: object) -> Pl
     return make_plan(cutter.problem, point.saved, solver, cuts=cutter.cuts, **extra)
 
 
+def _largest(problem: Problem, values: frozenset[int]) -> int:
+    """The value that saves the most bytes (the earliest among equals): what the searches branch and dive on."""
+    return max(values, key=lambda i: (problem.save_bytes[i], -i))
+
+
 def _branch_value(problem: Problem, fast: _Point, lean: _Point) -> int:
-    differing = fast.saved.symmetric_difference(lean.saved)
-    return max(differing, key=lambda i: (problem.save_bytes[i], -i))
+    return _largest(problem, fast.saved.symmetric_difference(lean.saved))
 
 
 def solve(
