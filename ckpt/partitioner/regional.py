@@ -41,7 +41,7 @@ from fractions import Fraction
 
 from ckpt.partitioner.min_cut import CutNetwork
 from ckpt.partitioner.plan import Plan, make_plan
-from ckpt.partitioner.problem import Problem, ProblemError, RegionCap, evaluate, region_bytes
+from ckpt.partitioner.problem import Problem, ProblemError, RegionCap, evaluate
 from ckpt.partitioner.repair import mix_plans
 from ckpt.partitioner.solver import WORK_PER_EFFORT
 
@@ -92,8 +92,14 @@ class _RegionCutter:
 
     def point(self, saved: frozenset[int]) -> _Point:
         time, memory, recomputed = evaluate(self.problem, saved)
-        usage = tuple(region_bytes(self.problem, tuple(saved), tuple(recomputed), cap.members) for cap in self.caps)
-        return _Point(saved, recomputed, time, memory, time * self.scale + memory, usage)
+        # Each cap's bytes (``region_bytes`` per cap) in one pass over the plan's values.
+        usage = [0] * len(self.caps)
+        caps_of, save_bytes, recompute_bytes = self._caps_of, self.problem.save_bytes, self.problem.recompute_bytes
+        for values, nbytes in ((saved, save_bytes), (recomputed, recompute_bytes)):
+            for i in values:
+                for c in caps_of[i]:
+                    usage[c] += nbytes[i]
+        return _Point(saved, recomputed, time, memory, time * self.scale + memory, tuple(usage))
 
     def excess(self, point: _Point) -> int:
         return sum(max(0, used - cap.max_bytes) for used, cap in zip(point.usage, self.caps))
@@ -105,14 +111,12 @@ class _RegionCutter:
         self.cuts += 1
         self.work += self.network.num_edges
         scale = math.lcm(*(p.denominator for p in prices)) if prices else 1
-        per_value = [sum((prices[c] for c in caps), Fraction(0)) * scale for caps in self._caps_of]
+        scaled = [p.numerator * (scale // p.denominator) for p in prices]  # exact: scale is a common denominator
+        per_value = [sum(scaled[c] for c in caps) for caps in self._caps_of]
         problem = self.problem
-        save_cost = [
-            scale * k + int(p) * b for k, p, b in zip(self._save_key, per_value, problem.save_bytes, strict=True)
-        ]
+        save_cost = [scale * k + p * b for k, p, b in zip(self._save_key, per_value, problem.save_bytes, strict=True)]
         recompute_cost = [
-            scale * k + int(p) * b
-            for k, p, b in zip(self._recompute_key, per_value, problem.recompute_bytes, strict=True)
+            scale * k + p * b for k, p, b in zip(self._recompute_key, per_value, problem.recompute_bytes, strict=True)
         ]
         saved = self.network.saved_set(save_cost, recompute_cost, force_saved=force, forbid_saved=forbid)
         return None if saved is None else self.point(saved)
