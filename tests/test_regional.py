@@ -129,3 +129,43 @@ def test_a_region_s_fraction_is_fitted_at_every_size_under_dynamic_shapes():
     # Without symbols nothing changes.
     same, kept = fit_region_fractions(first, (cap,), p, reference, [0, 36, 96], hints, resolve)
     assert same == first and kept == (cap,)
+
+
+def _normed_stack(blocks: int) -> tuple[Problem, list[RegionCap]]:
+    """A stack of normalised blocks, each under a cap that holds its matmul output and one statistic.
+
+    Block k: a matmul ``m`` (1000 bytes, 1300 to recompute), its statistics
+    ``mean`` and ``rstd`` (20 bytes each) from one reduction that cannot be
+    saved (100 to recompute), and the normalised output (1000 bytes, 5). The
+    best plan keeps each matmul output and recomputes the statistics; no
+    price does that (any price that drops 40 bytes for 100 drops 1000 bytes
+    for 1300), so the prices alone recompute every matmul but one.
+    """
+    spec: list[tuple] = [("x0", [], 0, 10, 0, True, False)]
+    members: list[set[str]] = []
+    for k in range(blocks):
+        rows = [
+            (f"m{k}", [f"x{k}"], 1000, 20, 1300, True, True),
+            (f"v{k}", [f"m{k}"], 0, 0, 100, False, True),
+            (f"mean{k}", [f"v{k}"], 20, 1, 0, True, True),
+            (f"rstd{k}", [f"v{k}"], 20, 1, 0, True, True),
+            (f"x{k + 1}", [f"m{k}", f"mean{k}", f"rstd{k}"], 1000, 20, 5, True, True),
+        ]
+        spec += rows
+        members.append({row[0] for row in rows})
+    names = [row[0] for row in spec]
+    p = problem(spec, {name for name in names[1:] if not name.startswith("v")})
+    caps = [RegionCap(f"block{k}", frozenset(names.index(n) for n in m), 1020) for k, m in enumerate(members)]
+    return p, caps
+
+
+def test_a_stack_of_capped_blocks_keeps_every_matmul_output():
+    # A search too short to branch on each block in turn: the dive forces the blocks' matmul outputs together.
+    p, caps = _normed_stack(3)
+    plan = solve_regions(p, caps, effort=0.01)
+    best = solve_exhaustive(p, None, caps)
+    assert (plan.time, plan.bytes) == (best.time, best.bytes)
+    p, caps = _normed_stack(8)
+    plan = solve_regions(p, caps)
+    assert not plan.over_regions
+    assert not {p.names[i] for i in plan.recomputed} & {f"m{k}" for k in range(8)}

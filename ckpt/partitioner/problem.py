@@ -37,7 +37,17 @@ import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["NearbyPlans", "Problem", "ProblemError", "RegionCap", "evaluate", "recompute_closure", "region_bytes"]
+__all__ = [
+    "NearbyPlans",
+    "Problem",
+    "ProblemError",
+    "RegionCap",
+    "cost_signature",
+    "evaluate",
+    "largest_value",
+    "recompute_closure",
+    "region_bytes",
+]
 
 
 class ProblemError(ValueError):
@@ -99,6 +109,20 @@ class Problem:
     @functools.cached_property
     def needed_values(self) -> tuple[int, ...]:
         return tuple(i for i in range(len(self.names)) if self.needed[i])
+
+
+def largest_value(problem: Problem, values: Iterable[int]) -> int:
+    """The value that saves the most bytes (the earliest among equals): what the searches branch and dive on."""
+    return max(values, key=lambda i: (problem.save_bytes[i], -i))
+
+
+def cost_signature(problem: Problem, i: int) -> tuple[int, int, int, int]:
+    """What the solvers know of value ``i``: its save bytes and time, its recompute time and bytes.
+
+    Values with the same signature (a stack's layers' copies of one value)
+    are the searches' twins: they dive by forcing them saved together.
+    """
+    return problem.save_bytes[i], problem.save_time[i], problem.recompute_time[i], problem.recompute_bytes[i]
 
 
 def recompute_closure(problem: Problem, saved: Iterable[int]) -> frozenset[int]:

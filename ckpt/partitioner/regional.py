@@ -41,9 +41,9 @@ from fractions import Fraction
 
 from ckpt.partitioner.min_cut import CutNetwork
 from ckpt.partitioner.plan import Plan, make_plan
-from ckpt.partitioner.problem import Problem, ProblemError, RegionCap, evaluate
+from ckpt.partitioner.problem import Problem, ProblemError, RegionCap, cost_signature, evaluate, largest_value
 from ckpt.partitioner.repair import mix_plans
-from ckpt.partitioner.solver import WORK_PER_EFFORT
+from ckpt.partitioner.solver import DIVE_STEPS, DIVE_WORK, WORK_PER_EFFORT
 
 __all__ = ["solve_regions"]
 
@@ -68,6 +68,7 @@ class _Relaxation:
     fast: _Point | None = None  # a plan that exceeds a cap (gap): one side of the branching pair
     lean: _Point | None = None  # the plan at the final prices: the other side
     prices: tuple[Fraction, ...] = ()
+    free: _Point | None = None  # the least-time plan under the constraints, caps ignored (gap)
 
 
 class _RegionCutter:
@@ -246,7 +247,7 @@ class _RegionCutter:
         slack_free = all(p * (cap.max_bytes - used) == 0 for p, used, cap in zip(prices, point.usage, self.caps))
         if self.keeps(point) and slack_free:  # complementary slackness: the bound is reached
             return _Relaxation("optimal", bound=Fraction(point.key), best=point, lean=point, prices=tuple(prices))
-        return _Relaxation("gap", bound=bound, best=best, fast=fast, lean=point, prices=tuple(prices))
+        return _Relaxation("gap", bound=bound, best=best, fast=fast, lean=point, prices=tuple(prices), free=free)
 
     def mix(self, fast: _Point, lean: _Point) -> _Point | None:
         """``lean`` with parts of ``fast`` that keep every cap, greedily by time saved per byte."""
@@ -271,6 +272,93 @@ class _RegionCutter:
         )
         return None if mixed is None else self.point(mixed)
 
+    def _fitting(self, force: frozenset[int], candidates: frozenset[int]) -> frozenset[int]:
+        """The candidates (in index order) whose save bytes fit every cap beside those of ``force``."""
+        save_bytes = self.problem.save_bytes
+        used = [0] * len(self.caps)
+        for i in force:
+            for c in self._caps_of[i]:
+                used[c] += save_bytes[i]
+        chosen = []
+        for i in sorted(candidates):
+            if all(used[c] + save_bytes[i] <= self.caps[c].max_bytes for c in self._caps_of[i]):
+                for c in self._caps_of[i]:
+                    used[c] += save_bytes[i]
+                chosen.append(i)
+        return frozenset(chosen)
+
+    def dive(
+        self,
+        root: _Relaxation,
+        incumbent: _Point | None,
+        force: frozenset[int],
+        forbid: frozenset[int],
+        tolerance: int,
+        work_limit: float,
+    ) -> _Point | None:
+        """``incumbent``, or a faster plan that keeps every cap, found by forcing twins saved together.
+
+        On a stack of identical modules each under its own cap, no set of
+        prices may make the best plan a minimiser: on the deep MLP with a cap
+        of 0.5 per block, a block keeps its matmul output only if it drops one
+        of its norm's two statistics, and any price that drops a statistic
+        (2 KiB) drops the matmul output (1 MiB) too.  The root's plans then
+        recompute every block's matmul (22.6 ms) against a bound of 0.6 ms,
+        and the branch and bound wins one block per branch.  Each dive step
+        takes the largest value that the relaxation's ``fast`` plan or its
+        least-time plan (``free``: each block's matmul output saved) saves and
+        the best plan so far does not; if other values have its cost signature
+        (:func:`~ckpt.partitioner.problem.cost_signature`: the other blocks'
+        copies), it forces them all saved and relaxes again; if no plan keeps
+        them all, those the best plan keeps and the value (forcing only the
+        twins whose bytes fit their caps beside what is forced already).  Up to
+        :data:`~ckpt.partitioner.solver.DIVE_STEPS` steps, each of which must
+        find a better plan, while the best plan is not within ``tolerance`` of
+        the root's bound and the work stays under ``work_limit``.
+        """
+        problem = self.problem
+        relaxation, best = root, incumbent
+        for _ in range(DIVE_STEPS):
+            if self.work >= work_limit or (best is not None and best.key - tolerance <= root.bound):
+                break
+            kept = best.saved if best is not None else frozenset()
+            given_up = frozenset().union(*(p.saved for p in (relaxation.fast, relaxation.free) if p is not None))
+            given_up -= kept | force
+            if not given_up:
+                break
+            value = largest_value(problem, given_up)
+            signature = cost_signature(problem, value)
+            twins = frozenset(
+                i
+                for i in range(len(problem))
+                if problem.can_save[i] and i not in forbid and cost_signature(problem, i) == signature
+            )
+            if len(twins) < 2:
+                break  # forcing the value alone is the branch and bound's own first branch
+            # A fresh price search (its one price per group of caps suits a stack's forced copies);
+            # the twins that fit their caps beside what is forced first, then those the best plan keeps.
+            zero = tuple(Fraction(0) for _ in self.caps)
+            fitting = self._fitting(force, twins)
+            for more in ([fitting] if len(fitting) > 1 else []) + [(twins & kept) | {value}]:
+                child = self.relax(force | more, forbid, zero, work_limit)
+                if child is None:
+                    return best  # out of work
+                if child.status != "infeasible":
+                    force = force | more
+                    break
+            else:
+                break
+            found = child.best
+            if child.status == "gap" and child.fast is not None and child.lean is not None:
+                found = _better(found, self.mix(child.fast, child.lean))
+            if found is None or (best is not None and found.key >= best.key):
+                break  # no better than the plan so far: the dive has lost its way
+            best = found
+            if child.status == "optimal":
+                break
+            relaxation = child
+        return best
+
 
 def _better(incumbent: _Point | None, candidate: _Point | None) -> _Point | None:
     if candidate is None:
@@ -282,9 +370,7 @@ def _better(incumbent: _Point | None, candidate: _Point | None) -> _Point | None
 
 def _branch_value(problem: Problem, fast: _Point, lean: _Point) -> int | None:
     differing = fast.saved.symmetric_difference(lean.saved)
-    if not differing:
-        return None
-    return max(differing, key=lambda i: (problem.save_bytes[i], -i))
+    return largest_value(problem, differing) if differing else None
 
 
 def solve_regions(
@@ -333,6 +419,9 @@ def solve_regions(
         leanest = cutter.cut([cutter.big] * len(caps), force, forbid)
         assert leanest is not None
         incumbent = leanest if cutter.keeps(leanest) else None
+    # The dive's work is its own: the branch and bound that follows keeps all of its work.
+    dive_limit = cutter.work + effort * WORK_PER_EFFORT * DIVE_WORK
+    incumbent = cutter.dive(root, incumbent, force, forbid, tolerance, dive_limit)
     counter = itertools.count()
     heap: list[tuple[Fraction, int, frozenset[int], frozenset[int], _Relaxation]] = [
         (root.bound, next(counter), force, forbid, root)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from ckpt.partitioner.min_cut import CutNetwork
 from ckpt.partitioner.plan import Plan, make_plan
-from ckpt.partitioner.problem import NearbyPlans, Problem, evaluate
+from ckpt.partitioner.problem import NearbyPlans, Problem, cost_signature, evaluate, largest_value
 from ckpt.partitioner.repair import mix_plans
 
 __all__ = ["WORK_PER_EFFORT", "solve"]
@@ -163,10 +163,6 @@ class _Cutter:
         ``work_limit``.
         """
         problem = self.problem
-
-        def signature(i: int) -> tuple[int, int, int, int]:
-            return problem.save_bytes[i], problem.save_time[i], problem.recompute_time[i], problem.recompute_bytes[i]
-
         force = pinned.force
         relaxation, kept = root, incumbent
         best = incumbent
@@ -178,8 +174,9 @@ class _Cutter:
             given_up = fast.saved - kept.saved
             if not given_up:
                 break
-            value = _largest(problem, given_up)
-            twins = frozenset(i for i in fast.saved if signature(i) == signature(value))
+            value = largest_value(problem, given_up)
+            signature = cost_signature(problem, value)
+            twins = frozenset(i for i in fast.saved if cost_signature(problem, i) == signature)
             if len(twins) < 2:
                 break  # forcing the value alone is the branch and bound's own first branch
             # All of them kept first; if no plan within the budget keeps them all, those the best plan keeps.
@@ -271,13 +268,8 @@ def _to_plan(point: _Point, solver: str, cutter: _Cutter, **extra: object) -> Pl
     return make_plan(cutter.problem, point.saved, solver, cuts=cutter.cuts, **extra)
 
 
-def _largest(problem: Problem, values: frozenset[int]) -> int:
-    """The value that saves the most bytes (the earliest among equals): what the searches branch and dive on."""
-    return max(values, key=lambda i: (problem.save_bytes[i], -i))
-
-
 def _branch_value(problem: Problem, fast: _Point, lean: _Point) -> int:
-    return _largest(problem, fast.saved.symmetric_difference(lean.saved))
+    return largest_value(problem, fast.saved.symmetric_difference(lean.saved))
 
 
 def solve(
