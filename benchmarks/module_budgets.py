@@ -1,10 +1,11 @@
 """Per-module budgets against one uniform budget with the same total, side by side.
 
-``python -m benchmarks.module_budgets [--size cpu] [--rounds 20] [--out FILE]``
+``python -m benchmarks.module_budgets [--model gpt2] [--regions SPEC] [--size cpu] [--rounds 20] [--out FILE]``
 
 The benchmark GPT-2 (``blocks.*.attn`` and ``blocks.*.mlp`` are modules) runs
 under four settings in one process, timed round-robin by the benchmark
-harness:
+harness (``--model`` and ``--regions`` name another benchmark model and
+per-module budget, such as the deep MLP with ``none,blocks.*=0.5``):
 
 * ``compile``: default ``torch.compile`` (Inductor's partitioner);
 * ``ckpt none``: ckpt without a budget;
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -44,7 +46,15 @@ MIB = 2**20
 
 
 def _kind(label: str) -> str:
-    return "attn" if label.endswith(".attn") else "mlp" if label.endswith(".mlp") else "rest"
+    """The column a cap's bytes go to: GPT-2's ``attn`` and ``mlp``, else its label with layer numbers as ``*``."""
+    if label.endswith((".attn", ".mlp")):
+        return label.rsplit(".", 1)[1]
+    return re.sub(r"\.\d+(?=\.|$)", ".*", label)
+
+
+def _kinds(caps: list[dict[str, Any]]) -> list[str]:
+    """The capped columns, in the order of the caps, and the rest of the graph."""
+    return [*dict.fromkeys(_kind(cap["label"]) for cap in caps), "rest"]
 
 
 def _distribution(plan_record: PartitionRecord, regions_record: PartitionRecord) -> dict[str, int]:
@@ -72,16 +82,16 @@ def _prepare(setting: Setting, model: Any, inputs: Any, device: torch.device) ->
     return step, result, list(records)
 
 
-def run(size: str, rounds: int) -> dict[str, Any]:
+def run(size: str, rounds: int, model_name: str = "gpt2", regions: str = REGIONS) -> dict[str, Any]:
     torch.manual_seed(0)
-    model = model_spec("gpt2").build(size)
+    model = model_spec(model_name).build(size)
     model.train()
     device = torch.device("cpu")
     inputs = model.make_inputs(torch.Generator().manual_seed(1), device, torch.float32)
     settings = [
         Setting("compile", "compile", COMPILE),
         Setting("ckpt-none", "ckpt none", CKPT),
-        Setting("ckpt-regions", "ckpt regions (attn 0.5, mlp 0.1)", CKPT, budget_text=REGIONS),
+        Setting("ckpt-regions", _regions_label(regions), CKPT, budget_text=regions),
     ]
     progress = Progress(len(settings) + 1 + rounds + 1)
     steps, results, records_of = [], [], []
@@ -103,7 +113,7 @@ def run(size: str, rounds: int) -> dict[str, Any]:
     results.append(result)
     records_of.append(records)
     progress.update(f"compiled {uniform.label}")
-    time_round_robin(steps, results, model, inputs, device, rounds, progress, "gpt2")
+    time_round_robin(steps, results, model, inputs, device, rounds, progress, model_name)
     rows = []
     for result, records in zip(results, records_of):
         row: dict[str, Any] = {
@@ -123,16 +133,27 @@ def run(size: str, rounds: int) -> dict[str, Any]:
         {"label": c.label, "budget": c.budget, "cap": c.max_bytes, "autograd": c.reference_bytes}
         for c in regions_record.region_caps
     ]
-    return {"size": size, "rounds": rounds, "regions": REGIONS, "caps": caps, "rows": rows}
+    return {"model": model_name, "size": size, "rounds": rounds, "regions": regions, "caps": caps, "rows": rows}
+
+
+def _regions_label(regions: str) -> str:
+    if regions == REGIONS:
+        return "ckpt regions (attn 0.5, mlp 0.1)"
+    return f"ckpt regions ({', '.join(part for part in regions.split(',') if '=' in part)})"
 
 
 def to_markdown(data: dict[str, Any]) -> str:
     rows = data["rows"]
     regional = next(r for r in rows if r["setting"].startswith("ckpt regions"))
+    model = data.get("model", "gpt2")
+    kinds = _kinds(data["caps"])
+    command = f"python -m benchmarks.module_budgets --size {data['size']} --rounds {data['rounds']}"
+    if model != "gpt2" or data["regions"] != REGIONS:
+        command += f" --model {model} --regions '{data['regions']}'"
     out = [
-        f"# Per-module budgets against a uniform budget (GPT-2 style, size {data['size']})",
+        f"# Per-module budgets against a uniform budget ({model}, size {data['size']})",
         "",
-        f"`python -m benchmarks.module_budgets --size {data['size']} --rounds {data['rounds']}`: one process, "
+        f"`{command}`: one process, "
         f"settings timed round-robin ({data['rounds']} rounds, medians), torch {torch.__version__}. Regions: "
         f"`{data['regions']}`; the uniform budget is an absolute size equal to what the regional plan saves.",
         "",
@@ -145,7 +166,7 @@ def to_markdown(data: dict[str, Any]) -> str:
             [
                 r["setting"],
                 "-" if r["saved_bytes"] is None else f"{r['saved_bytes'] / MIB:.2f}",
-                *(f"{by[k] / MIB:.2f}" if k in by else "-" for k in ("attn", "mlp", "rest")),
+                *(f"{by[k] / MIB:.2f}" if k in by else "-" for k in kinds),
                 "-" if r["peak_bytes"] is None else f"{r['peak_bytes'] / MIB:.1f}",
                 "-" if r["step_s"] is None else f"{r['step_s'] * 1e3:.1f}",
                 "-" if r["spread"] is None else f"{100 * r['spread']:.1f}%",
@@ -156,16 +177,14 @@ def to_markdown(data: dict[str, Any]) -> str:
     header = [
         "setting",
         "saved MiB",
-        "attn MiB",
-        "mlp MiB",
-        "rest MiB",
+        *(f"{k} MiB" for k in kinds),
         "peak MiB",
         "step ms",
         "IQR",
         "vs regions",
         "predicted extra ms",
     ]
-    out += [table(header, body, set(range(1, 10))), ""]
+    out += [table(header, body, set(range(1, len(header)))), ""]
     out += ["Caps of the regional plan (summed over blocks):", ""]
     sums: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for cap in data["caps"]:
@@ -185,12 +204,14 @@ def to_markdown(data: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="gpt2", help="a benchmark model (benchmarks/models.py)")
+    parser.add_argument("--regions", default=REGIONS, help="the per-module budget (CKPT_MEMORY_BUDGET's form)")
     parser.add_argument("--size", default="cpu", choices=("tiny", "cpu", "gpu"))
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None, help="write Markdown here (and JSON beside it)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    data = run(args.size, args.rounds)
+    data = run(args.size, args.rounds, args.model, args.regions)
     text = to_markdown(data)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
