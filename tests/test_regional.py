@@ -131,10 +131,10 @@ def test_a_region_s_fraction_is_fitted_at_every_size_under_dynamic_shapes():
     assert same == first and kept == (cap,)
 
 
-def _normed_stack(blocks: int) -> tuple[Problem, list[RegionCap]]:
+def _normed_stack(blocks: int, widths: tuple[int, ...] = ()) -> tuple[Problem, list[RegionCap]]:
     """A stack of normalised blocks, each under a cap that holds its matmul output and one statistic.
 
-    Block k: a matmul ``m`` (1000 bytes, 1300 to recompute), its statistics
+    Block k (``widths[k]`` times as wide, 1 by default): a matmul ``m`` (1000 bytes, 1300 to recompute), its statistics
     ``mean`` and ``rstd`` (20 bytes each) from one reduction that cannot be
     saved (100 to recompute), and the normalised output (1000 bytes, 5). The
     best plan keeps each matmul output and recomputes the statistics; no
@@ -143,19 +143,23 @@ def _normed_stack(blocks: int) -> tuple[Problem, list[RegionCap]]:
     """
     spec: list[tuple] = [("x0", [], 0, 10, 0, True, False)]
     members: list[set[str]] = []
+    width = widths or (1,) * blocks
     for k in range(blocks):
+        w = width[k]
         rows = [
-            (f"m{k}", [f"x{k}"], 1000, 20, 1300, True, True),
-            (f"v{k}", [f"m{k}"], 0, 0, 100, False, True),
-            (f"mean{k}", [f"v{k}"], 20, 1, 0, True, True),
-            (f"rstd{k}", [f"v{k}"], 20, 1, 0, True, True),
-            (f"x{k + 1}", [f"m{k}", f"mean{k}", f"rstd{k}"], 1000, 20, 5, True, True),
+            (f"m{k}", [f"x{k}"], 1000 * w, 20 * w, 1300 * w, True, True),
+            (f"v{k}", [f"m{k}"], 0, 0, 100 * w, False, True),
+            (f"mean{k}", [f"v{k}"], 20 * w, w, 0, True, True),
+            (f"rstd{k}", [f"v{k}"], 20 * w, w, 0, True, True),
+            (f"x{k + 1}", [f"m{k}", f"mean{k}", f"rstd{k}"], 1000 * w, 20 * w, 5 * w, True, True),
         ]
         spec += rows
         members.append({row[0] for row in rows})
     names = [row[0] for row in spec]
     p = problem(spec, {name for name in names[1:] if not name.startswith("v")})
-    caps = [RegionCap(f"block{k}", frozenset(names.index(n) for n in m), 1020) for k, m in enumerate(members)]
+    caps = [
+        RegionCap(f"block{k}", frozenset(names.index(n) for n in m), 1020 * width[k]) for k, m in enumerate(members)
+    ]
     return p, caps
 
 
@@ -169,3 +173,12 @@ def test_a_stack_of_capped_blocks_keeps_every_matmul_output():
     plan = solve_regions(p, caps)
     assert not plan.over_regions
     assert not {p.names[i] for i in plan.recomputed} & {f"m{k}" for k in range(8)}
+
+
+def test_capped_blocks_of_different_widths_keep_every_matmul_output():
+    # No twins: the dive forces one block's matmul output at a time, the costliest first.
+    p, caps = _normed_stack(3, widths=(1, 2, 3))
+    plan = solve_regions(p, caps, effort=0.01)
+    best = solve_exhaustive(p, None, caps)
+    assert (plan.time, plan.bytes) == (best.time, best.bytes)
+    assert not {p.names[i] for i in plan.recomputed} & {"m0", "m1", "m2"}
