@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 # its work, as a share of the branch and bound's.  Caps of different sizes leave few twins, so it
 # forces one value at a time more often than the budget solver's: on the benchmark ResNet under
 # 0.5 per block it took 5 steps and the branch and bound's share of work to reach 1.78 ms from
-# 12.13 (bound 1.28); it stops at the first step that finds nothing better.
+# 12.13 (bound 1.29); it stops at the first step that finds nothing better.
 DIVE_STEPS = 8
 DIVE_WORK = 1.0
 
