@@ -19,10 +19,13 @@ least-time plan that keeps every cap, with the same contract as
   layer) first get one common price, walked on their summed bytes: on a stack
   of similar layers that leaves little for the per-cap walks.
 * **Repair.**  The plans on both sides of the last breakpoint are mixed part
-  by part (:mod:`ckpt.partitioner.repair`), then best-first branch and bound
-  (force a value saved / forbid saving it, warm-started prices, pruned by
-  the bound) closes the gap, up to the same deterministic work limit as the
-  budget solver.  ``optimal`` on the plan means the bound was reached.
+  by part (:mod:`ckpt.partitioner.repair`); a dive forces the values costliest
+  to recompute saved, with their copies in the other layers, and prices
+  again (:meth:`_RegionCutter.dive`: no price may keep a block's large value
+  and drop its small one); then best-first branch and bound (force a value
+  saved / forbid saving it, warm-started prices, pruned by the bound) closes
+  the gap, up to the same deterministic work limit as the budget solver.
+  ``optimal`` on the plan means the bound was reached.
 
 Keys are ``time * M + bytes`` as in the budget solver, so equal-time plans
 are told apart by memory and every comparison is exact (prices are
