@@ -44,7 +44,7 @@ import torch.fx as fx
 
 from ckpt import _torch_compat as compat
 from ckpt._version import __version__
-from ckpt.config import CkptConfig, PeakCap, auto_peak_bytes
+from ckpt.config import CkptConfig, PeakCap, auto_peak_bytes, format_bytes
 from ckpt.cost_model.measured import OpCosts, plan_costs
 from ckpt.cost_model.profiles import GPU_PROFILES, DeviceProfile, gpu_profile_for_name
 from ckpt.module_budgets import frame_regions
@@ -219,8 +219,8 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         caps = self.region_caps(analysis)
         if plan.over_regions:
             over = ", ".join(
-                f"{cap.label!r} (budget {cap.budget}: {cap.max_bytes} bytes; the plan keeps "
-                f"{region_bytes(analysis.problem, plan.saved, plan.recomputed, cap.members)})"
+                f"{cap.label!r} (budget {cap.budget}: {format_bytes(cap.max_bytes)}; the plan keeps "
+                f"{format_bytes(region_bytes(analysis.problem, plan.saved, plan.recomputed, cap.members))})"
                 for cap in caps
                 if cap.label in plan.over_regions
             )
@@ -233,8 +233,9 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             )
         elif plan.over_budget:
             warnings.warn(
-                f"ckpt: graph {name!r}: memory budget {self.config.budget} ({budget_bytes} bytes) is below the "
-                f"smallest achievable plan ({plan.minimum_bytes} bytes of saved activations); using that plan",
+                f"ckpt: graph {name!r}: memory budget {self.config.budget} ({format_bytes(plan.budget_bytes or 0)}) is "
+                f"below the smallest achievable plan ({format_bytes(plan.minimum_bytes or plan.bytes)} of saved "
+                "activations); using that plan",
                 BudgetWarning,
                 stacklevel=2,
             )
@@ -444,8 +445,8 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             result = cap_peak(problem, peak_graph, solve_capped, budget_bytes, peak_cap)
             if not result.within_cap:
                 warnings.warn(
-                    f"ckpt: graph {name!r}: peak memory cap {self.config.peak} ({peak_cap} bytes) is below the "
-                    f"smallest peak found ({result.lowest_peak} bytes predicted); using that plan",
+                    f"ckpt: graph {name!r}: peak memory cap {self.config.peak} ({format_bytes(peak_cap)}) is below the "
+                    f"smallest peak found ({format_bytes(result.lowest_peak)} predicted); using that plan",
                     PeakWarning,
                     stacklevel=4,
                 )
@@ -454,9 +455,9 @@ class CkptPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         if guarded.raises_peak:
             warnings.warn(
                 f"ckpt: graph {name!r}: memory budget {self.config.budget} lowers saved activations but raises the "
-                f"predicted peak to {guarded.search.prediction.peak_bytes} bytes, above the "
-                f"{guarded.reference_peak} bytes of a plan at a larger budget (or none), and no plan found within "
-                "the budget avoids it; to bound what runs out, set CKPT_PEAK_MEMORY",
+                f"predicted peak to {format_bytes(guarded.search.prediction.peak_bytes)}, above the "
+                f"{format_bytes(guarded.reference_peak)} of a plan at a larger budget (or none), and no plan found "
+                "within the budget avoids it; to bound what runs out, set CKPT_PEAK_MEMORY",
                 PeakWarning,
                 stacklevel=4,
             )

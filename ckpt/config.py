@@ -33,6 +33,7 @@ __all__ = [
     "PeakCap",
     "auto_peak_bytes",
     "cache_dir",
+    "format_bytes",
     "parse_budget",
     "parse_bool",
     "parse_peak",
@@ -116,6 +117,16 @@ _UNITS: dict[str, int] = {
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]+)\s*$")
 _NUMBER_RE = re.compile(r"^\s*[+-]?([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*$")
+
+
+def format_bytes(nbytes: int) -> str:
+    """``nbytes`` for a message: in binary units with the exact count, as in ``20.28 MiB (21264784 bytes)``."""
+    if abs(nbytes) < 1024:
+        return f"{nbytes} bytes"
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.2f} {unit} ({nbytes} bytes)"
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)

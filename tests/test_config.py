@@ -10,6 +10,7 @@ from ckpt.config import (
     CkptConfig,
     PeakCap,
     auto_peak_bytes,
+    format_bytes,
     parse_budget,
     parse_peak,
 )
@@ -181,3 +182,17 @@ def test_auto_margin_arithmetic(free, total, expected):
 def test_auto_margin_rejects_inconsistent_memory():
     with pytest.raises(ValueError, match="free_bytes"):
         auto_peak_bytes(9 * GiB, 8 * GiB)
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "text"),
+    [
+        (0, "0 bytes"),
+        (1023, "1023 bytes"),
+        (1024, "1.00 KiB (1024 bytes)"),
+        (21264784, "20.28 MiB (21264784 bytes)"),
+        (3 * GiB // 2, "1.50 GiB (1610612736 bytes)"),
+    ],
+)
+def test_sizes_in_messages_read_in_binary_units_with_the_exact_count(nbytes, text):
+    assert format_bytes(nbytes) == text

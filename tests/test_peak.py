@@ -1291,6 +1291,7 @@ def test_lower_budgets_do_not_raise_the_planned_peak_on_a_residual_stack_or_warn
     assert peaks["0"] > peaks["0.1"]
     (message,) = warned["0"]
     assert str(peaks["0"]) in message and "CKPT_PEAK_MEMORY" in message
+    assert f"{peaks['0'] / 2**20:.2f} MiB ({peaks['0']} bytes)" in message  # readable, beside the exact count
 
 
 # ---------------------------------------------------------------- the simulator against its specification
