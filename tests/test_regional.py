@@ -245,3 +245,22 @@ def test_a_cap_no_plan_keeps_is_held_to_its_least_and_the_others_kept():
     assert _usage(p, plan.saved, caps[0]) == 8  # the least any plan keeps there
     assert _usage(p, plan.saved, caps[1]) <= 100
     assert {p.names[i] for i in plan.saved} >= {"seed", "b"}  # b, the costly one, is the one kept
+
+
+def test_raising_the_exceeded_caps_prices_reaches_a_plan_that_keeps_them_near_the_optimum():
+    # The step after a price search that keeps no cap set at once: from the plan without prices, the
+    # exceeded caps' prices rise until every cap holds, well before the plan that recomputes everything.
+    from fractions import Fraction
+
+    from ckpt.partitioner.regional import _RegionCutter
+
+    p, caps, projections = _attention_stack(4)
+    cutter = _RegionCutter(p, caps)
+    free = cutter.cut([Fraction(0)] * len(caps), frozenset(), frozenset())
+    assert free is not None and not cutter.keeps(free)
+    found = cutter.escalate(free, None, frozenset(), frozenset(), work_limit=float("inf"))
+    leanest = cutter.cut([cutter.big] * len(caps), frozenset(), frozenset())
+    best = solve(p, caps[-1].max_bytes, forbid_saved=projections)
+    assert found is not None and cutter.keeps(found)
+    assert best.time <= found.time < leanest.time
+    assert found.time <= 1.1 * best.time
