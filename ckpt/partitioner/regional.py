@@ -6,6 +6,11 @@ saved values among them keep alive.  :func:`solve_regions` finds the
 least-time plan that keeps every cap, with the same contract as
 :func:`ckpt.partitioner.solver.solve`:
 
+* **Presolve.**  A value whose saved bytes alone exceed a cap it counts
+  towards is saved by no plan that keeps the cap: it is forbidden before
+  any price is sought (and allowed again only where no plan found without it
+  keeps the caps).  A cap that no plan keeps is held to the least bytes any
+  plan leaves it, and the others are kept.
 * **One price per cap.**  A min cut in which each value's bytes cost the sum
   of the prices of the caps that contain it gives the plan minimising
   ``key + sum(price_c * bytes_c)``; for any prices, that minimum less
@@ -19,7 +24,9 @@ least-time plan that keeps every cap, with the same contract as
   layer) first get one common price, walked on their summed bytes: on a stack
   of similar layers that leaves little for the per-cap walks.
 * **Repair.**  The plans on both sides of the last breakpoint are mixed part
-  by part (:mod:`ckpt.partitioner.repair`); a dive forces the values costliest
+  by part (:mod:`ckpt.partitioner.repair`); where no plan met keeps every cap
+  at once, the exceeded caps' prices rise a tenth at a time until one does
+  (:meth:`_RegionCutter.escalate`); a dive forces the values costliest
   to recompute saved, with their copies in the other layers, and prices
   again (:meth:`_RegionCutter.dive`: no price may keep a block's large value
   and drop its small one); then best-first branch and bound (force a value
