@@ -119,14 +119,20 @@ _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]+)\
 _NUMBER_RE = re.compile(r"^\s*[+-]?([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*$")
 
 
-def format_bytes(nbytes: int) -> str:
-    """``nbytes`` for a message: in binary units with the exact count, as in ``20.28 MiB (21264784 bytes)``."""
-    if abs(nbytes) < 1024:
-        return f"{nbytes} bytes"
-    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(nbytes) >= scale:
-            return f"{nbytes / scale:.2f} {unit} ({nbytes} bytes)"
-    raise AssertionError("unreachable")
+def format_bytes(nbytes: float, *, exact: bool = True) -> str:
+    """``nbytes`` in the largest binary unit it reaches, as in ``20.28 MiB``.
+
+    With ``exact`` (for messages) the byte count follows, ``20.28 MiB (21264784 bytes)``;
+    without it (for tables) below a KiB reads ``512 B``.
+    """
+    unit, scale = next(
+        ((unit, scale) for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)) if abs(nbytes) >= scale),
+        ("", 1),
+    )
+    if not unit:
+        return f"{nbytes:.0f} bytes" if exact else f"{nbytes:.0f} B"
+    text = f"{nbytes / scale:.2f} {unit}"
+    return f"{text} ({nbytes:.0f} bytes)" if exact else text
 
 
 @dataclass(frozen=True)

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import re
 
+from ckpt import config
+
 __all__ = ["clip_rows", "format_bytes", "format_ps", "short_source", "table"]
 
 
 def format_bytes(nbytes: float) -> str:
-    if abs(nbytes) < 1024:
-        return f"{nbytes:.0f} B"
-    if abs(nbytes) < 1024**2:
-        return f"{nbytes / 1024:.2f} KiB"
-    return f"{nbytes / 1024**2:.2f} MiB"
+    """``nbytes`` for a table: ``config.format_bytes`` without the exact count."""
+    return config.format_bytes(nbytes, exact=False)
 
 
 def format_ps(ps: float) -> str:
