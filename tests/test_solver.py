@@ -365,6 +365,40 @@ def test_contracted_warm_started_cuts_match_the_whole_network(p, constraints, pr
 
 
 @settings(max_examples=300, deadline=None)  # an equivalence: worth more examples than the default
+@given(
+    p=problems(),
+    caps=st.lists(st.sets(st.integers(0, 11)), min_size=1, max_size=3),
+    constraints=st.lists(st.tuples(st.sets(st.integers(0, 11)), st.sets(st.integers(0, 11))), min_size=1, max_size=3),
+    prices=st.lists(
+        st.tuples(st.integers(1, 4), st.lists(st.integers(0, 8), min_size=3, max_size=3), st.integers(0, 2)),
+        min_size=1,
+        max_size=12,
+    ),
+)
+def test_cuts_with_a_price_per_cap_match_the_whole_network(p, caps, constraints, prices):
+    """Warm starts between cuts priced per cap (per-module budgets) leave every cut as the whole network gives it."""
+    network = CutNetwork(p)
+    m = p.total_bytes + 1
+    save_key = [t * m + b for t, b in zip(p.save_time, p.save_bytes)]
+    recompute_key = [t * m + b for t, b in zip(p.recompute_time, p.recompute_bytes)]
+    for alpha, betas, which in prices:
+        betas = betas[: len(caps)]
+        force, forbid = constraints[which % len(constraints)]
+        force = frozenset(i for i in force if i < len(p))
+        forbid = frozenset(i for i in forbid if i < len(p)) - force
+        # Coarse prices, so that later cuts often raise one cap's price and lower another's.
+        betas = [beta * 10**4 for beta in betas]
+        per_value = [sum(beta for beta, members in zip(betas, caps) if i in members) for i in range(len(p))]
+        save_cost = [alpha * k + q * b for k, q, b in zip(save_key, per_value, p.save_bytes)]
+        recompute_cost = [alpha * k + q * b for k, q, b in zip(recompute_key, per_value, p.recompute_bytes)]
+        expected = _plain_saved_set(p, save_cost, recompute_cost, force, forbid)
+        got = network.saved_set(
+            save_cost, recompute_cost, force_saved=force, forbid_saved=forbid, price=(alpha, *betas)
+        )
+        assert got == expected
+
+
+@settings(max_examples=300, deadline=None)  # an equivalence: worth more examples than the default
 @given(p=problems(), base=st.sets(st.integers(0, 11)), changes=st.lists(st.sets(st.integers(0, 11)), max_size=6))
 def test_nearby_plans_cost_what_evaluate_gives(p, base, changes):
     """Plans near a base set, evaluated by updating its closure: evaluate's numbers, or its error."""

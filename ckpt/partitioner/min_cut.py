@@ -32,12 +32,15 @@ forbidding make edges uncuttable (a forced value gets its sink edge when
 first forced), or contradict a fixed side, which leaves no plan.
 
 **Warm starts.**  The solvers' costs are ``alpha * key + beta * bytes`` per
-value; given that price, a cut starts from the flow of an earlier cut at a
-price per byte ``beta / alpha`` no higher, under constraints it includes (the
-branch and bound's parent, the peak walk's previous pins).  Every capacity is
-then at least ``alpha / alpha'`` times what it was, so that flow, scaled up,
-is feasible: the cut runs on the capacities times ``alpha'`` from the earlier
-flow times ``alpha`` (exact integers, and the same minimum cuts).  The hull
+value, or with one price per cap, ``alpha * key + sum(beta_c * bytes_c)``
+(``bytes_c``: the value's bytes where it counts towards cap ``c``, else 0);
+given that price, a cut starts from the flow of an earlier cut at prices per
+byte ``beta_c / alpha`` no higher, each of them, under constraints it
+includes (the branch and bound's parent, the peak walk's previous pins).
+Every capacity is then at least ``alpha / alpha'`` times what it was, so that
+flow, scaled up, is feasible: the cut runs on the capacities times
+``alpha'`` from the earlier flow times ``alpha`` (exact integers, and the
+same minimum cuts).  The hull
 walk always cuts at a price above its fast end's, so most cuts start from
 nearly all of their flow.  A network can serve several solves of one problem
 (:func:`ckpt.partitioner.solver.solve`'s ``network``), and then also answers a
@@ -91,10 +94,10 @@ class _Contraction:
 
 @dataclass(frozen=True)
 class _Flow:
-    """A maximum flow for capacities ``scale * (alpha * key + beta * bytes)`` under ``force`` and ``forbid``."""
+    """A maximum flow for capacities ``scale * (alpha * key + sum(beta_c * bytes_c))`` under the constraints."""
 
     alpha: int
-    beta: int
+    betas: tuple[int, ...]
     force: frozenset[int]
     forbid: frozenset[int]
     scale: int
@@ -117,7 +120,7 @@ class CutNetwork:
         self._contraction: _Contraction | None = None
         self._contracted = False
         self._flows: list[_Flow] = []  # oldest first
-        self._answers: dict[tuple[int, int, frozenset[int], frozenset[int]], frozenset[int] | None] = {}
+        self._answers: dict[tuple[tuple[int, ...], frozenset[int], frozenset[int]], frozenset[int] | None] = {}
 
     @property
     def num_edges(self) -> int:
@@ -130,21 +133,22 @@ class CutNetwork:
         *,
         force_saved: Collection[int] = (),
         forbid_saved: Collection[int] = (),
-        price: tuple[int, int] | None = None,
+        price: tuple[int, ...] | None = None,
     ) -> frozenset[int] | None:
         """The saved set of a minimum-cost plan under the given per-value costs.
 
         ``force_saved`` values must be saved; ``forbid_saved`` values must not be.
         Returns None when no plan satisfies the constraints.  ``price``:
         ``(alpha, beta)`` with ``alpha > 0`` and ``beta >= 0`` when every cost is
-        ``alpha * key + beta * bytes`` for keys and bytes >= 0 that are the same
+        ``alpha * key + beta * bytes``, or ``(alpha, beta_1, ..., beta_k)`` when it is
+        ``alpha * key + sum(beta_c * bytes_c)``, for keys and bytes >= 0 that are the same
         in every call that gives a price; the cut may then start from an
         earlier one's flow, or be an earlier one's answer (same answer, less work).
         """
         force, forbid = frozenset(force_saved), frozenset(forbid_saved)
-        if price is None or price[0] <= 0 or price[1] < 0:
+        if price is None or len(price) < 2 or price[0] <= 0 or min(price[1:]) < 0:
             return self._cut(save_cost, recompute_cost, force, forbid, None)
-        key = (price[0], price[1], force, forbid)
+        key = (price, force, forbid)
         if key not in self._answers:
             if len(self._answers) >= _ANSWERS:
                 del self._answers[next(iter(self._answers))]
@@ -157,7 +161,7 @@ class CutNetwork:
         recompute_cost: Sequence[int],
         force: frozenset[int],
         forbid: frozenset[int],
-        price: tuple[int, int] | None,
+        price: tuple[int, ...] | None,
     ) -> frozenset[int] | None:
         contraction = self._contract()
         if contraction is None or _contradicts(contraction, force, forbid):
@@ -188,15 +192,20 @@ class CutNetwork:
         self,
         contraction: _Contraction,
         capacities: list[int],
-        price: tuple[int, int],
+        price: tuple[int, ...],
         force: frozenset[int],
         forbid: frozenset[int],
     ) -> list[bool] | None:
-        """The cut from the kept flow under the most of these constraints, then at the highest price not above."""
-        alpha, beta = price
+        """The cut from the kept flow under the most of these constraints, then at the highest prices not above."""
+        alpha, betas = price[0], price[1:]
         base: _Flow | None = None
         for flow in self._flows:
-            usable = flow.beta * alpha <= beta * flow.alpha and flow.force <= force and flow.forbid <= forbid
+            usable = (
+                len(flow.betas) == len(betas)
+                and flow.force <= force
+                and flow.forbid <= forbid
+                and all(old * alpha <= new * flow.alpha for old, new in zip(flow.betas, betas))
+            )
             if usable and flow.scale.bit_length() <= _MAX_SCALE_BITS and (base is None or _closer(flow, base)):
                 base = flow
         if base is None:
@@ -211,10 +220,10 @@ class CutNetwork:
             start += [0] * (len(capacities) - len(start))
             reachable, amounts = contraction.network.max_flow(capacities, _SOURCE, _SINK, start, scale)
         if reachable is not None:
-            self._flows.append(_Flow(alpha, beta, force, forbid, scale, amounts))
+            self._flows.append(_Flow(alpha, betas, force, forbid, scale, amounts))
             if len(self._flows) > _FLOWS:
                 # Every solve starts at price 0, and only a flow at price 0 can start that cut: those go last.
-                priced = [k for k, flow in enumerate(self._flows) if flow.beta > 0]
+                priced = [k for k, flow in enumerate(self._flows) if any(flow.betas)]
                 del self._flows[priced[0] if priced else 0]
         return reachable
 
@@ -302,8 +311,8 @@ def _contradicts(contraction: _Contraction, force: frozenset[int], forbid: froze
 
 
 def _closer(flow: _Flow, other: _Flow) -> bool:
-    """Whether ``flow`` is a better start than ``other``: more constraints in common, then a higher price."""
+    """Whether ``flow`` is a better start than ``other``: more constraints in common, then a higher summed price."""
     constraints, others = len(flow.force) + len(flow.forbid), len(other.force) + len(other.forbid)
     if constraints != others:
         return constraints > others
-    return flow.beta * other.alpha > other.beta * flow.alpha
+    return sum(flow.betas) * other.alpha > sum(other.betas) * flow.alpha

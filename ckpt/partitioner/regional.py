@@ -149,7 +149,9 @@ class _RegionCutter:
         recompute_cost = [
             scale * k + p * b for k, p, b in zip(self._recompute_key, per_value, problem.recompute_bytes, strict=True)
         ]
-        saved = self.network.saved_set(save_cost, recompute_cost, force_saved=force, forbid_saved=forbid)
+        saved = self.network.saved_set(
+            save_cost, recompute_cost, force_saved=force, forbid_saved=forbid, price=(scale, *scaled)
+        )
         return None if saved is None else self.point(saved)
 
     def lagrangian(self, prices: Sequence[Fraction], point: _Point) -> Fraction:
