@@ -488,8 +488,9 @@ def _warn_unmatched(pattern: str, present: list[str]) -> None:
         f"path:{pattern}",
         f"ckpt: memory_budget path {pattern!r} matches no module of this compiled graph"
         + (f"; closest module paths: {', '.join(close)}" if close else "")
-        + ". Paths are relative to the module torch.compile was given; a graph break inside a submodule "
-        "makes Dynamo compile that submodule's forward on its own, where paths start at the submodule, "
+        + ". Paths are relative to the module torch.compile was given; a graph break inside a submodule, or "
+        "inside a loop over submodules, makes Dynamo compile each submodule's forward on its own, where paths "
+        "start at the submodule, "
         "so use ckpt.set_budget(model, {path: budget}) to follow modules across graph breaks",
     )
 
