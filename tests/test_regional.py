@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckpt.partitioner import Problem, evaluate, solve, solve_exhaustive
 from ckpt.partitioner.problem import RegionCap, region_bytes
-from ckpt.partitioner.regional import solve_regions
+from ckpt.partitioner.regional import _RegionCutter, solve_regions
 from tests.test_solver import _feasible, problem, problems
 
 
@@ -250,10 +252,6 @@ def test_a_cap_no_plan_keeps_is_held_to_its_least_and_the_others_kept():
 def test_raising_the_exceeded_caps_prices_reaches_a_plan_that_keeps_them_near_the_optimum():
     # The step after a price search that keeps no cap set at once: from the plan without prices, the
     # exceeded caps' prices rise until every cap holds, well before the plan that recomputes everything.
-    from fractions import Fraction
-
-    from ckpt.partitioner.regional import _RegionCutter
-
     p, caps, projections = _attention_stack(4)
     cutter = _RegionCutter(p, caps)
     free = cutter.cut([Fraction(0)] * len(caps), frozenset(), frozenset())

@@ -341,6 +341,15 @@ def _plain_saved_set(p: Problem, save_cost, recompute_cost, force, forbid) -> fr
     return None if side is None else frozenset(i for i in range(n) if side[2 + 2 * i] and not side[3 + 2 * i])
 
 
+def _keys(p: Problem) -> tuple[list[int], list[int]]:
+    """Each value's save and recompute key as the solvers price it: time, then bytes."""
+    m = p.total_bytes + 1
+    return (
+        [t * m + b for t, b in zip(p.save_time, p.save_bytes)],
+        [t * m + b for t, b in zip(p.recompute_time, p.recompute_bytes)],
+    )
+
+
 @settings(max_examples=300, deadline=None)  # an equivalence: worth more examples than the default
 @given(
     p=problems(),
@@ -350,9 +359,7 @@ def _plain_saved_set(p: Problem, save_cost, recompute_cost, force, forbid) -> fr
 def test_contracted_warm_started_cuts_match_the_whole_network(p, constraints, prices):
     """Contraction and warm starts from earlier cuts leave every cut as the whole network gives it."""
     network = CutNetwork(p)
-    m = p.total_bytes + 1
-    save_key = [t * m + b for t, b in zip(p.save_time, p.save_bytes)]
-    recompute_key = [t * m + b for t, b in zip(p.recompute_time, p.recompute_bytes)]
+    save_key, recompute_key = _keys(p)
     for alpha, beta, which in prices:
         force, forbid = constraints[which % len(constraints)]
         force = frozenset(i for i in force if i < len(p))
@@ -378,9 +385,7 @@ def test_contracted_warm_started_cuts_match_the_whole_network(p, constraints, pr
 def test_cuts_with_a_price_per_cap_match_the_whole_network(p, caps, constraints, prices):
     """Warm starts between cuts priced per cap (per-module budgets) leave every cut as the whole network gives it."""
     network = CutNetwork(p)
-    m = p.total_bytes + 1
-    save_key = [t * m + b for t, b in zip(p.save_time, p.save_bytes)]
-    recompute_key = [t * m + b for t, b in zip(p.recompute_time, p.recompute_bytes)]
+    save_key, recompute_key = _keys(p)
     for alpha, betas, which in prices:
         betas = betas[: len(caps)]
         force, forbid = constraints[which % len(constraints)]
