@@ -403,6 +403,19 @@ def test_cuts_with_a_price_per_cap_match_the_whole_network(p, caps, constraints,
         assert got == expected
 
 
+def test_a_price_of_another_form_is_an_error_naming_it():
+    """A price without alpha > 0 and non-negative betas is refused, not cut as if unpriced."""
+    p = _stack_and_loss(3)
+    network = CutNetwork(p)
+    save_key, recompute_key = _keys(p)
+    for price in [(), (0, 1), (-1,), (1, -2), (2, 1, -1)]:
+        with pytest.raises(ValueError, match=re.escape(f"price={price!r}")):
+            network.saved_set(save_key, recompute_key, price=price)
+    # Only alpha: every cost is alpha * key, which is the cut with no price at all.
+    unpriced = network.saved_set([2 * k for k in save_key], [2 * k for k in recompute_key])
+    assert network.saved_set([2 * k for k in save_key], [2 * k for k in recompute_key], price=(2,)) == unpriced
+
+
 @settings(max_examples=300, deadline=None)  # an equivalence: worth more examples than the default
 @given(p=problems(), base=st.sets(st.integers(0, 11)), changes=st.lists(st.sets(st.integers(0, 11)), max_size=6))
 def test_nearby_plans_cost_what_evaluate_gives(p, base, changes):

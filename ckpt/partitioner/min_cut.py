@@ -144,10 +144,15 @@ class CutNetwork:
         ``alpha * key + sum(beta_c * bytes_c)``, for keys and bytes >= 0 that are the same
         in every call that gives a price; the cut may then start from an
         earlier one's flow, or be an earlier one's answer (same answer, less work).
+        A price of any other form is a ``ValueError``.
         """
         force, forbid = frozenset(force_saved), frozenset(forbid_saved)
-        if price is None or len(price) < 2 or price[0] <= 0 or min(price[1:]) < 0:
+        if price is None:
             return self._cut(save_cost, recompute_cost, force, forbid, None)
+        if not price or price[0] <= 0 or any(beta < 0 for beta in price[1:]):
+            raise ValueError(
+                f"price={price!r}: expected (alpha, beta_1, ..., beta_k) with alpha > 0 and every beta >= 0, or None"
+            )
         key = (price, force, forbid)
         if key not in self._answers:
             if len(self._answers) >= _ANSWERS:

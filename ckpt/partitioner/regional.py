@@ -536,22 +536,21 @@ def _search(
         assert root.best is not None
         return _to_plan(cutter, root.best, "min-cut", optimal=True, lower_bound=root.best.time)
     tolerance = tolerance_ps * cutter.scale
+    # The escalation and the dive each get this much work of their own, counted from when they start.
+    side_work = effort * WORK_PER_EFFORT * DIVE_WORK
     incumbent = root.best
     if root.fast is not None and root.lean is not None:
         incumbent = _better(incumbent, cutter.mix(root.fast, root.lean))
     if incumbent is None and root.fast is not None and root.lean is not None:
-        found = cutter.escalate(
-            root.lean, root.prices, force, forbid, cutter.work + effort * WORK_PER_EFFORT * DIVE_WORK
-        )
+        found = cutter.escalate(root.lean, root.prices, force, forbid, cutter.work + side_work)
         incumbent = _better(found, cutter.mix(root.fast, found)) if found is not None else None
     if incumbent is None:
         # No plan met keeps every cap: the leanest in the capped values is the fallback.
         leanest = cutter.cut([cutter.big] * len(caps), force, forbid)
         assert leanest is not None
         incumbent = leanest if cutter.keeps(leanest) else None
-    # The dive's work is its own: the branch and bound that follows keeps all of its work.
-    dive_limit = cutter.work + effort * WORK_PER_EFFORT * DIVE_WORK
-    incumbent = cutter.dive(root, incumbent, force, forbid, tolerance, dive_limit)
+    # The branch and bound that follows keeps all of its own work.
+    incumbent = cutter.dive(root, incumbent, force, forbid, tolerance, cutter.work + side_work)
     counter = itertools.count()
     heap: list[tuple[Fraction, int, frozenset[int], frozenset[int], _Relaxation]] = [
         (root.bound, next(counter), force, forbid, root)
