@@ -997,6 +997,21 @@ def test_unreachable_cap_returns_the_lowest_peak_and_says_so() -> None:
     assert result.plan.budget_bytes is None and not result.plan.over_budget
 
 
+def test_an_unreachable_cap_with_a_resolution_takes_the_fastest_plan_near_the_lowest_peak() -> None:
+    """Peaks within the resolution of the lowest count as equal: the fastest of those plans is taken."""
+    problem, graph = chain_problem(9)
+    exact = cap_peak(problem, graph, solver_for(problem), None, peak_cap=1)
+    for resolution in (0.2, 0.5):
+        result = cap_peak(problem, graph, solver_for(problem), None, peak_cap=1, resolution=resolution)
+        assert not result.within_cap
+        assert result.lowest_peak == exact.lowest_peak == exact.prediction.peak_bytes
+        assert exact.lowest_peak < result.prediction.peak_bytes <= exact.lowest_peak * (1 + resolution)
+        assert result.plan.time < exact.plan.time
+        assert predicted(graph, result.plan) == result.prediction.peak_bytes
+    # A resolution below every difference between the plans' peaks changes nothing.
+    assert cap_peak(problem, graph, solver_for(problem), None, peak_cap=1, resolution=0.01).plan == exact.plan
+
+
 def test_an_unreachable_cap_under_a_budget_keeps_the_budget() -> None:
     problem, graph = chain_problem(9)
     result = cap_peak(problem, graph, solver_for(problem), 10, peak_cap=1)
