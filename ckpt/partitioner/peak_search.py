@@ -309,8 +309,8 @@ def cap_peak(
     kept before the peak is lowered.  With a ``resolution``, peaks within that
     fraction of the lowest count as equal there, and the fastest of them is
     taken: on the deep MLP at a budget of 0.25 the guard took a plan that
-    peaks 0.01 MiB lower (20.28 MiB) but saves 8.00 MiB with 20.2 ms of
-    recompute, over one that saves 6.00 MiB with 18.9 ms.
+    peaks 0.004 MiB lower (20.28 MiB predicted) but saves 8.00 MiB with 20.2
+    ms of recompute, over one that saves 7.00 MiB with 17.5 ms.
     """
     candidates = segment_plans(problem, graph, solve_fn, budget_bytes, pin_sets=pin_sets)
     fits = [c for c in candidates if c.prediction.peak_bytes <= peak_cap]
