@@ -337,21 +337,14 @@ def cap_peak(
     if best is not None:
         low = min([best.prediction.peak_bytes] + [c.prediction.peak_bytes for c in candidates])
         return PeakSearchResult(_under(best.plan, budget_bytes), best.prediction, True, start_peak, low, steps)
-    lowest = candidates[0]
-    for candidate in candidates[1:]:
-        if _better_fallback(candidate, lowest, budget_bytes):
-            lowest = candidate
-    low = lowest.prediction.peak_bytes
-    if resolution > 0:
-        within = _within_budget(lowest.plan, budget_bytes)
-        lowest = min(
-            (
-                c
-                for c in candidates
-                if _within_budget(c.plan, budget_bytes) == within and c.prediction.peak_bytes <= low * (1 + resolution)
-            ),
-            key=lambda c: (c.plan.time, c.prediction.peak_bytes),
-        )
+    # Within the budget beats over it; then the lowest peak, within the resolution; then the fastest.
+    within = any(_within_budget(c.plan, budget_bytes) for c in candidates)
+    eligible = [c for c in candidates if _within_budget(c.plan, budget_bytes) == within]
+    low = min(c.prediction.peak_bytes for c in eligible)
+    lowest = min(
+        (c for c in eligible if c.prediction.peak_bytes <= low * (1 + resolution)),
+        key=lambda c: (c.plan.time, c.prediction.peak_bytes),
+    )
     plan = _under(lowest.plan, budget_bytes)
     return PeakSearchResult(plan, lowest.prediction, False, start_peak, low, steps)
 
@@ -365,14 +358,6 @@ def _under(plan: Plan, budget_bytes: int | None) -> Plan:
     the one it exceeds.
     """
     return plan if plan.budget_bytes == budget_bytes else replace(plan, budget_bytes=budget_bytes)
-
-
-def _better_fallback(candidate: _Candidate, current: _Candidate, budget_bytes: int | None) -> bool:
-    """Within the budget beats over it; then the lower peak wins, then the faster plan."""
-    within, current_within = _within_budget(candidate.plan, budget_bytes), _within_budget(current.plan, budget_bytes)
-    if within != current_within:
-        return within
-    return (candidate.prediction.peak_bytes, candidate.plan.time) < (current.prediction.peak_bytes, current.plan.time)
 
 
 def lowest_peak_within(
